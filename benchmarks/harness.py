@@ -1,0 +1,317 @@
+"""The benchmark harness shared by every bench_<op>.py.
+
+For each case it times, with the median of triton.testing.do_bench (which flushes L2 between runs):
+  torch        the plain torch op
+  <backend>    each backend of the op, forced (skipped where it does not support the case)
+  auto-cold    ops.<op>(...) with an empty tune cache: the cost model's choice
+  auto-warm    ops.<op>(...) after the case was tuned (what `opselect warm` does)
+  <peer>       peers such as flag_gems, where importable
+Every provider's output is checked against torch's first; a wrong one is reported, not timed.
+
+Each row gets ms per provider, GB/s of the case's minimum traffic, percent of the measured copy
+bandwidth, ratio to torch and the regret of auto (its time over the best backend's). Results go to
+benchmarks/results/<gpu>/<op>.{json,md} and, when $OUT is set, there too.
+
+On a machine without a GPU, --smoke runs tiny cases through the interpreter with wall-clock timing,
+to prove the script works (CI does this); its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+Args = tuple[tuple, dict]
+
+
+@dataclass
+class Case:
+    """One benchmark point. `make(device)` returns (args, kwargs) for ops.<op>; `nbytes` is the
+    least traffic the op must move (inputs read once, outputs written once)."""
+
+    name: str
+    make: Callable[[torch.device], Args]
+    nbytes: int
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Suite:
+    op: str
+    cases: list[Case]
+    torch_fn: Callable[..., Any]  # the plain torch op, same signature as ops.<op>
+    check: Callable[[Any, Any, Args], str | None]  # (result, reference, inputs) -> error or None
+    peers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    #: extra derived metrics / target checks: (rows, summary) -> dict added to the summary
+    targets: Callable[[list[dict], dict], dict] | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny cases, any device: checks the script")
+    p.add_argument("--filter", default="", help="only cases whose name contains this text")
+    p.add_argument("--rep-ms", type=float, default=60.0, help="do_bench rep time per provider")
+    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
+    p.add_argument("--providers", default="", help="comma list: only these providers")
+    return p.parse_args(argv)
+
+
+def gpu_slug(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu-interpreter"
+    name = torch.cuda.get_device_name(device)
+    m = re.search(r"(H200|H100|A100|B200|L40S|L4|A10G?|V100|RTX ?\d+)", name, re.I)
+    return (m.group(1) if m else name).lower().replace(" ", "")
+
+
+def timer(device: torch.device, rep_ms: float) -> Callable[[Callable[[], Any]], float]:
+    """Median milliseconds of fn()."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return lambda fn: float(do_bench(fn, warmup=max(5.0, rep_ms / 4), rep=rep_ms,
+                                         return_mode="median"))
+
+    def wall(fn: Callable[[], Any]) -> float:
+        fn()
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1e3
+
+    return wall
+
+
+def copy_bandwidth(device: torch.device, time_ms: Callable) -> float:
+    """Bytes/s of a large device-to-device copy, counting read + write (the 100% mark)."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 22)
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * n / (ms / 1e3)
+
+
+def _fresh_cache(tag: str) -> str:
+    import opselect
+    from opselect.tune_cache import reset
+
+    d = tempfile.mkdtemp(prefix=f"opselect-bench-{tag}-")
+    os.environ["OPSELECT_CACHE_DIR"] = d
+    reset()
+    opselect.forget()
+    return d
+
+
+def run(suite: Suite, argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    import opselect
+    from opselect.dispatch import get_op
+
+    op = get_op(suite.op)
+    public = getattr(opselect.ops, suite.op)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    time_ms = timer(device, args.rep_ms)
+    bw = copy_bandwidth(device, time_ms)
+    only = {p for p in args.providers.split(",") if p}
+    wanted = lambda p: not only or p in only  # noqa: E731
+    slug = gpu_slug(device)
+    print(f"# {suite.op} on {slug}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+
+    rows = []
+    for case in suite.cases:
+        if args.filter and args.filter not in case.name:
+            continue
+        torch.manual_seed(0)
+        inputs = case.make(device)
+        a, kw = inputs
+        ref = suite.torch_fn(*a, **kw)
+        row: dict[str, Any] = {"case": case.name, **case.tags, "bytes": case.nbytes, "ms": {},
+                               "errors": {}}
+        providers: dict[str, Callable[[], Any]] = {}
+        if wanted("torch"):
+            providers["torch"] = lambda: suite.torch_fn(*a, **kw)
+        call = op.prepare(*a, **kw)
+        for b in op.backends[1:]:
+            if wanted(b.name) and b.supports(call) is None:
+                providers[b.name] = (lambda name: lambda: public(*a, backend=name, **kw))(b.name)
+        for peer, fn in suite.peers.items():
+            if wanted(peer):
+                providers[peer] = (lambda f: lambda: f(*a, **kw))(fn)
+        for name, fn in providers.items():
+            row["ms"][name] = _time_checked(name, fn, ref, inputs, suite, time_ms, row)
+        if wanted("auto-cold"):
+            _fresh_cache("cold")
+            row["auto_cold_choice"] = op.explain(*a, **kw).choice
+            row["ms"]["auto-cold"] = _time_checked("auto-cold", lambda: public(*a, **kw), ref,
+                                                   inputs, suite, time_ms, row)
+        if wanted("auto-warm"):
+            _fresh_cache("warm")
+            from opselect.warm import warm_call
+
+            warm_call(suite.op, a, kw)
+            opselect.forget()
+            row["auto_warm_choice"] = op.explain(*a, **kw).choice
+            row["ms"]["auto-warm"] = _time_checked("auto-warm", lambda: public(*a, **kw), ref,
+                                                   inputs, suite, time_ms, row)
+        _derive(row, op, bw)
+        rows.append(row)
+        print(_line(row), flush=True)
+        del inputs, a, kw, ref, providers
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    summary = _summarise(rows, bw)
+    if suite.targets:
+        summary.update(suite.targets(rows, summary))
+    result = {"op": suite.op, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+              else "cpu (interpreter)", "gpu": slug, "copy_bandwidth_GBps": bw / 1e9,
+              "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
+              "opselect": opselect.__version__, "date": time.strftime("%Y-%m-%d"),
+              "smoke": args.smoke, "summary": summary, "rows": rows}
+    md = markdown(result)
+    if not args.no_save and not args.smoke:
+        out = RESULTS / slug
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{suite.op}.json").write_text(json.dumps(result, indent=1, default=_json_default))
+        (out / f"{suite.op}.md").write_text(md)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"{suite.op}.json").write_text(
+            json.dumps(result, indent=1, default=_json_default))
+        Path(os.environ["OUT"], f"{suite.op}.md").write_text(md)
+    print(md)
+    return result
+
+
+def _time_checked(name, fn, ref, inputs, suite: Suite, time_ms, row) -> float | None:
+    try:
+        got = fn()
+        err = suite.check(got, ref, inputs)
+        if err:
+            row["errors"][name] = err
+            print(f"  !! {row['case']}: {name} is WRONG: {err}", flush=True)
+            return None
+        return time_ms(fn)
+    except Exception as exc:  # noqa: BLE001 - a failing provider is reported, the suite goes on
+        row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  !! {row['case']}: {name} failed: {row['errors'][name]}", flush=True)
+        return None
+
+
+def _derive(row: dict, op, bw: float) -> None:
+    ms = row["ms"]
+    backends = {b.name for b in op.backends}
+    done = {k: v for k, v in ms.items() if v is not None}
+    best = min((v, k) for k, v in done.items() if k in backends) if any(
+        k in backends for k in done) else (None, None)
+    row["best_backend"], row["best_ms"] = best[1], best[0]
+    row["GBps"] = {k: row["bytes"] / (v / 1e3) / 1e9 for k, v in done.items()}
+    row["pct_copy_bw"] = {k: 100 * row["bytes"] / (v / 1e3) / bw for k, v in done.items()}
+    t = done.get("torch")
+    row["speedup_vs_torch"] = {k: t / v for k, v in done.items()} if t else {}
+    if best[0]:
+        row["regret"] = {k: done[k] / best[0] for k in ("auto-cold", "auto-warm") if k in done}
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)]
+
+
+def _summarise(rows: list[dict], bw: float) -> dict:
+    s: dict[str, Any] = {"cases": len(rows)}
+    for auto in ("auto-warm", "auto-cold"):
+        sp = [r["speedup_vs_torch"].get(auto) for r in rows if r["speedup_vs_torch"]]
+        s[f"{auto}_geomean_speedup_vs_torch"] = _geomean(sp)
+        s[f"{auto}_worst_vs_torch"] = min((x for x in sp if x), default=None)
+        reg = [r.get("regret", {}).get(auto) for r in rows]
+        s[f"{auto}_regret_geomean"] = _geomean(reg)
+        s[f"{auto}_regret_p90"] = _pct(reg, 0.9)
+    for peer in ("flag_gems",):
+        ratios = [r["ms"][peer] / r["ms"]["auto-warm"] for r in rows
+                  if r["ms"].get(peer) and r["ms"].get("auto-warm")]
+        s[f"auto-warm_geomean_speedup_vs_{peer}"] = _geomean(ratios)
+    s["wrong_or_failed"] = {r["case"]: r["errors"] for r in rows if r["errors"]}
+    return s
+
+
+def _line(row: dict) -> str:
+    ms = row["ms"]
+    parts = [f"{k}={v:.4g}" for k, v in ms.items() if v is not None]
+    return f"{row['case']:<40} " + " ".join(parts)
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    names: list[str] = []
+    for r in rows:
+        for k in r["ms"]:
+            if k not in names:
+                names.append(k)
+    out = [f"# {result['op']} on {result['device']}",
+           "",
+           f"torch {result['torch']}, triton {result['triton']}, opselect {result['opselect']}, "
+           f"{result['date']}. Copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s (read + "
+           "write). Median ms of do_bench; `%bw` is the case's minimum traffic over the copy "
+           "bandwidth; `xtorch` is torch's time over auto-warm's.",
+           "",
+           "| case | " + " | ".join(names) + " | best | cold pick | warm pick | auto %bw | xtorch |",
+           "|---" * (len(names) + 6) + "|"]
+    for r in rows:
+        cells = [("-" if r["ms"].get(n) is None else f"{r['ms'][n]:.4g}") for n in names]
+        pct = r["pct_copy_bw"].get("auto-warm")
+        sp = r["speedup_vs_torch"].get("auto-warm")
+        out.append(f"| {r['case']} | " + " | ".join(cells) +
+                   f" | {r.get('best_backend') or '-'} | {r.get('auto_cold_choice', '-')} | "
+                   f"{r.get('auto_warm_choice', '-')} | {'-' if pct is None else f'{pct:.1f}'} | "
+                   f"{'-' if sp is None else f'{sp:.2f}'} |")
+    out += ["", "## Summary", ""]
+    for k, v in result["summary"].items():
+        if isinstance(v, float):
+            v = f"{v:.3f}"
+        out.append(f"- {k}: {v}")
+    return "\n".join(out) + "\n"
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, torch.dtype):
+        return str(o)
+    return repr(o)
+
+
+def main_guard(suite_factory: Callable[[bool], Suite]) -> None:
+    """Entry point of a bench script: builds the suite (smoke or full) and runs it."""
+    args = parse_args()
+    suite = suite_factory(args.smoke)
+    run(suite, sys.argv[1:])

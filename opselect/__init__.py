@@ -1,0 +1,41 @@
+"""opselect: GPU tensor ops in Triton with several algorithms each, and a dispatcher that picks
+the fastest for every call from its shape, dtype and device.
+
+    from opselect import ops
+    ops.isin(a, b)                       # chosen automatically
+    ops.isin(a, b, backend="hash")       # forced
+    opselect.explain("isin", a, b)       # why that choice
+    with opselect.tuning(): ...          # measure unseen shapes on the spot
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import ops
+from ._version import __version__
+from .dispatch import Decision, get_op, tuning
+
+
+def explain(op: str, *args: Any, backend: str | None = None, show: bool = True,
+            **kwargs: Any) -> Decision:
+    """The decision the dispatcher takes for this call: every candidate with its supports()
+    verdict, predicted and measured time, the choice and where it came from. Printed unless
+    show=False; returned either way."""
+    decision = get_op(op).explain(*args, backend=backend, **kwargs)
+    if show:
+        decision.print()
+    return decision
+
+
+def forget() -> None:
+    """Drop every op's in-process memo (the on-disk tune cache is untouched)."""
+    from .dispatch import all_ops
+    from .heuristics.device_model import forget_models
+
+    for op in all_ops():
+        op.forget()
+    forget_models()
+
+
+__all__ = ["Decision", "__version__", "explain", "forget", "ops", "tuning"]

@@ -1,0 +1,236 @@
+"""An op: its backends, and the selection chain that picks one per call.
+
+    forced backend? -> in-process memo -> tune cache -> cost model   (+ measuring, in tuning mode)
+
+The memo hit is the hot path of every call: prepare the call (torch's argument rules), build its key
+(a plain tuple), one dict lookup, launch. Everything else (the cache on disk, pydantic, the cost
+model, measuring) happens once per key and process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from ..errors import BackendError
+from . import tuning as _tuning
+from .backend import Backend
+from .decision import Candidate, Decision
+from .device import DeviceInfo
+
+AUTO = ("auto", None)
+
+
+class Call:
+    """A prepared call: arguments normalised as torch does, plus what selection needs.
+
+    `key` identifies the decision: (device index or type, dtypes..., shape buckets..., flags...).
+    Its first element names the device in this process only; the tune cache stores key[1:] under the
+    device's hardware identity instead.
+    """
+
+    __slots__ = ("info", "key")
+
+    info: DeviceInfo
+    key: tuple
+
+    def describe(self) -> str:
+        return repr(self.key[1:])
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: Backend
+    config: dict[str, Any]
+    source: str
+    #: A choice the cost model made (fully or in part) is re-decided once in tuning mode.
+    provisional: bool = False
+
+
+class Op:
+    """`prepare(*args, **kwargs) -> Call` applies torch's argument rules; `sample(shapes, dtype,
+    options, device) -> (args, kwargs)` makes realistic inputs from a warm spec entry."""
+
+    def __init__(self, name: str, prepare: Callable[..., Call], backends: Sequence[Backend],
+                 sample: Callable[..., tuple[tuple, dict]] | None = None):
+        self.name = name
+        self.prepare = prepare
+        self.sample = sample
+        self.backends: tuple[Backend, ...] = tuple(backends)
+        if not self.backends or self.backends[0].name != "torch":
+            raise ValueError(f"op {name!r}: the first backend must be 'torch' (the safe fallback)")
+        self._by_name = {b.name: b for b in self.backends}
+        self._memo: dict[tuple, Choice] = {}
+        self._forced: dict[tuple, Choice] = {}
+
+    # -- the call -------------------------------------------------------------------------------
+    def __call__(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
+        call = self.prepare(*args, **kwargs)
+        if backend is None or backend == "auto":
+            choice = self._memo.get(call.key)
+            if choice is None or (choice.provisional and _tuning.state.active):
+                choice = self._select(call)
+        else:
+            choice = self._forced.get((backend, call.key)) or self._force(call, backend)
+        return choice.backend.run(call, choice.config)
+
+    @property
+    def backend_names(self) -> tuple[str, ...]:
+        return tuple(self._by_name)
+
+    def backend(self, name: str) -> Backend:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise BackendError(
+                f"{self.name}: unknown backend {name!r}; valid names: "
+                f"{', '.join(['auto', *self._by_name])}") from None
+
+    # -- selection ------------------------------------------------------------------------------
+    def _force(self, call: Call, name: str) -> Choice:
+        chosen = self.backend(name)
+        reason = chosen.supports(call)
+        if reason is not None:
+            able = [b.name for b in self.backends if b.supports(call) is None]
+            raise BackendError(
+                f"{self.name}: backend {name!r} cannot take this call ({call.describe()}): {reason}. "
+                f"Backends that can: {', '.join(able)}")
+        choice = Choice(chosen, dict(chosen.configs(call)[0]), "forced")
+        self._forced[(name, call.key)] = choice
+        return choice
+
+    def _select(self, call: Call) -> Choice:
+        decision = self.decide(call)
+        choice = Choice(self._by_name[decision.choice], decision.config, decision.source,
+                        provisional=decision.source in ("model", "cache+model"))
+        self._memo[call.key] = choice
+        return choice
+
+    def decide(self, call: Call, *, tune: bool | None = None) -> Decision:
+        """Run the chain below the memo for this call: supports, cache, model, and (in tuning mode,
+        or with tune=True) measuring whatever the cache lacks. Returns the whole record."""
+        from ..heuristics.device_model import model_for
+
+        tune = _tuning.state.active if tune is None else tune
+        model = model_for(call.info)
+        candidates = []
+        for b in self.backends:
+            reason = b.supports(call)
+            cand = Candidate(b.name, reason)
+            if reason is None:
+                est = b.cost(call, model)
+                cand.predicted_s, cand.parts, cand.notes = est.seconds, est.parts, est.notes
+            candidates.append(cand)
+        able = [c for c in candidates if c.supported]
+        if len(able) == 1:
+            only = able[0]
+            return self._decision(call, candidates, only, "only candidate",
+                                  dict(self._by_name[only.name].configs(call)[0]))
+
+        from ..tune_cache import store
+
+        cache = store()
+        measured = cache.get_timings(self.name, call.info, call.key[1:],
+                                     {c.name: self._by_name[c.name].source_hash for c in able})
+        for c in able:
+            if c.name in measured:
+                c.measured_s, c.config = measured[c.name]
+        missing = [c for c in able if c.measured_s is None]
+        tuned = False
+        if tune and missing:
+            fresh = {}
+            for c in missing:
+                c.measured_s, c.config = self._measure(self._by_name[c.name], call)
+                fresh[c.name] = (c.measured_s, c.config)
+            cache.put_timings(self.name, call.info, call.key[1:],
+                              {n: (t, cfg, self._by_name[n].source_hash) for n, (t, cfg) in fresh.items()})
+            tuned = True
+
+        def time_of(c: Candidate) -> float:
+            return c.measured_s if c.measured_s is not None else c.predicted_s
+
+        best = min(able, key=time_of)
+        if tuned:
+            source = "tuning"
+        elif all(c.measured_s is not None for c in able):
+            source = "cache"
+        elif any(c.measured_s is not None for c in able):
+            source = "cache+model"
+        else:
+            source = "model"
+        config = best.config if best.config is not None else dict(
+            self._by_name[best.name].configs(call)[0])
+        return self._decision(call, candidates, best, source, config)
+
+    def _decision(self, call: Call, candidates: list[Candidate], best: Candidate, source: str,
+                  config: dict[str, Any]) -> Decision:
+        return Decision(self.name, call.describe(), call.key, candidates, best.name, dict(config),
+                        source)
+
+    def _measure(self, backend: Backend, call: Call) -> tuple[float, dict[str, Any]]:
+        """Time every configuration of one backend on this call; return the best (time, config)."""
+        device = _device_of(call)
+        best_t, best_cfg = math.inf, dict(backend.configs(call)[0])
+        for cfg in backend.configs(call):
+            t = _tuning.measure_safely(lambda: backend.run(call, cfg), device,
+                                       f"{self.name}/{backend.name} {dict(cfg)}")
+            if t < best_t:
+                best_t, best_cfg = t, dict(cfg)
+        return best_t, best_cfg
+
+    # -- explain --------------------------------------------------------------------------------
+    def explain(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Decision:
+        call = self.prepare(*args, **kwargs)
+        if backend not in AUTO:
+            chosen = self._force(call, backend)
+            decision = self.decide(call, tune=False)
+            decision.choice, decision.config, decision.source = chosen.backend.name, chosen.config, "forced"
+            return decision
+        memo = self._memo.get(call.key)
+        decision = self.decide(call)
+        if memo is not None and not (memo.provisional and _tuning.state.active):
+            decision.choice, decision.config = memo.backend.name, memo.config
+            decision.source, decision.detail = "memo", f"decided earlier by {memo.source}"
+        else:
+            self._memo[call.key] = Choice(self._by_name[decision.choice], decision.config,
+                                          decision.source,
+                                          provisional=decision.source in ("model", "cache+model"))
+        return decision
+
+    def forget(self) -> None:
+        """Drop this process's memo (the tune cache on disk is untouched)."""
+        self._memo.clear()
+        self._forced.clear()
+
+
+def _device_of(call: Call) -> Any:
+    import torch
+
+    info = call.info
+    return torch.device(info.type, info.index) if info.index is not None else torch.device(info.type)
+
+
+_registry: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    _registry[op.name] = op
+    return op
+
+
+def get_op(name: str) -> Op:
+    _load_all()
+    try:
+        return _registry[name]
+    except KeyError:
+        raise BackendError(f"unknown op {name!r}; known ops: {', '.join(sorted(_registry))}") from None
+
+
+def all_ops() -> Iterable[Op]:
+    _load_all()
+    return list(_registry.values())
+
+
+def _load_all() -> None:
+    from .. import ops  # noqa: F401  - importing ops registers every op

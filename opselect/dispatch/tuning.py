@@ -1,0 +1,72 @@
+"""Tuning mode: measure the candidates of an unseen shape bucket on the spot, then remember the winner.
+
+On with OPSELECT_TUNE=1 in the environment, or inside `with opselect.tuning():`. The flag is a plain
+module attribute because every dispatch reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+class _State:
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = os.environ.get("OPSELECT_TUNE", "0") not in ("", "0")
+
+
+state = _State()
+
+
+@contextmanager
+def tuning(enabled: bool = True) -> Iterator[None]:
+    """Within the block, an unseen (op, shape bucket, dtype) is measured, recorded and then used.
+
+    `tuning(False)` switches measuring off inside a block that has it on.
+    """
+    previous = state.active
+    state.active = enabled
+    try:
+        yield
+    finally:
+        state.active = previous
+
+
+def measure(fn: Callable[[], Any], device: torch.device, *, budget_ms: float = 40.0) -> float:
+    """Median seconds of fn() on its device. CUDA: triton's do_bench (device events, L2 flushed
+    between runs); CPU: wall clock, a few runs, since interpreted kernels are slow."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        ms = do_bench(fn, warmup=max(budget_ms / 4, 1.0), rep=budget_ms, return_mode="median")
+        return float(ms) / 1e3
+    fn()  # warm-up: compiles / traces, fills caches
+    times = []
+    deadline = time.perf_counter() + budget_ms / 1e3
+    for _ in range(5):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            break
+    return statistics.median(times)
+
+
+def measure_safely(fn: Callable[[], Any], device: torch.device, what: str, **kw: Any) -> float:
+    """measure(), but a backend that fails while being measured is reported once and ranked last
+    instead of breaking the user's call."""
+    try:
+        return measure(fn, device, **kw)
+    except Exception as exc:  # noqa: BLE001 - any failure of a candidate must not escape tuning
+        warnings.warn(f"opselect: measuring {what} failed ({type(exc).__name__}: {exc}); "
+                      "it will not be chosen", RuntimeWarning, stacklevel=3)
+        return math.inf

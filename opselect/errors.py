@@ -1,0 +1,25 @@
+"""Exceptions raised by opselect.
+
+Where torch raises a RuntimeError for the same mistake, ours also derive from RuntimeError, so code
+written against torch's behaviour keeps working, while the message names the argument at fault.
+"""
+
+
+class OpselectError(Exception):
+    """Base class of every error opselect raises on purpose."""
+
+
+class BackendError(OpselectError, ValueError):
+    """An unknown backend name, or a forced backend that cannot take the call."""
+
+
+class InvalidArgument(OpselectError, ValueError, RuntimeError):
+    """A bad value for an argument (torch raises RuntimeError for most of these)."""
+
+
+class UnsupportedDType(OpselectError, TypeError, RuntimeError):
+    """A dtype the op does not accept (torch raises RuntimeError for these)."""
+
+
+class CacheWarning(UserWarning):
+    """The tune cache could not be read or written; opselect carried on without it."""

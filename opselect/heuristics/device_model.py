@@ -1,0 +1,160 @@
+"""Per-device constants of the cost model: defaults per GPU, overridden by `opselect calibrate`.
+
+Every constant is a throughput or a latency measured the way the cost functions use it:
+
+    bandwidth        bytes/s a large device-to-device copy moves, counting read + write
+    l2_bandwidth     bytes/s of streaming traffic that stays in L2
+    launch           seconds one kernel launch adds to a call (host + device)
+    sync             seconds one host<->device synchronisation adds (a .item() on idle stream)
+    gather_l2        seconds per random 4-8 byte load served by L2, whole chip (a throughput)
+    gather_dram      seconds per random load that misses L2 (one DRAM sector each)
+    gather_smem      seconds per random lookup in shared memory / registers, whole chip
+    atomic           seconds per atomic read-modify-write on a global address, whole chip
+    compare          seconds per element-pair comparison in a fused compare kernel
+    sort_per_byte    seconds per byte per radix pass of torch.sort (keys + values)
+    sort_fixed       seconds of fixed overhead of one torch.sort call
+
+`scales` hold per "op/backend" corrections (measured over predicted time) fitted by calibrate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+from ..dispatch.backend import Estimate
+from ..dispatch.device import DeviceInfo
+
+CONSTANT_NAMES = ("bandwidth", "l2_bandwidth", "launch", "sync", "gather_l2", "gather_dram",
+                  "gather_smem", "atomic", "compare", "sort_per_byte", "sort_fixed")
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    name: str
+    sm_count: int
+    l2_bytes: int
+    smem_bytes: int  # usable shared memory per block
+    bandwidth: float
+    l2_bandwidth: float
+    launch: float
+    sync: float
+    gather_l2: float
+    gather_dram: float
+    gather_smem: float
+    atomic: float
+    compare: float
+    sort_per_byte: float
+    sort_fixed: float
+    #: Triton kernels under the interpreter are this many times slower than the roofline says.
+    triton_slowdown: float = 1.0
+    scales: dict[str, float] = field(default_factory=dict)
+    calibrated: bool = False
+
+    # -- helpers used by the cost functions -------------------------------------------------------
+    def stream(self, nbytes: float) -> float:
+        """Time to stream nbytes through DRAM (reads and writes counted alike)."""
+        return nbytes / self.bandwidth
+
+    def gather(self, n: float, table_bytes: float, *, on_chip: bool = False) -> float:
+        """n random loads from a table of table_bytes: on chip, from L2 if it fits, else DRAM."""
+        if on_chip:
+            return n * self.gather_smem
+        if table_bytes <= 0.6 * self.l2_bytes:
+            return n * self.gather_l2
+        # Partly cached: the hit rate falls as the table outgrows L2.
+        hit = min(1.0, 0.6 * self.l2_bytes / table_bytes)
+        return n * (hit * self.gather_l2 + (1 - hit) * self.gather_dram)
+
+    def sort(self, n: float, key_bytes: int, value_bytes: int = 0) -> float:
+        """torch.sort of n keys (with values), a radix sort of ceil(bits / 8) passes."""
+        if n <= 1:
+            return self.launch
+        passes = key_bytes  # 8-bit digits
+        return self.sort_fixed + passes * 3 * n * (key_bytes + value_bytes) * self.sort_per_byte
+
+    def estimate(self, op: str, backend: str, *, triton: bool, notes: tuple[str, ...] = (),
+                 **parts: float) -> Estimate:
+        """Sum the parts, then apply the calibrated correction of this backend and, for Triton
+        kernels run by the interpreter, the interpreter's slowdown."""
+        est = Estimate.of(notes, **parts)
+        scale = self.scales.get(f"{op}/{backend}", 1.0)
+        if triton and self.triton_slowdown != 1.0:
+            scale *= self.triton_slowdown
+            est.notes = (*est.notes, "interpreted")
+        if scale != 1.0:
+            est.seconds *= scale
+            est.parts = {k: v * scale for k, v in est.parts.items()}
+        return est
+
+
+# Defaults from datasheets and one measurement each on this workplace's machines (see
+# benchmarks/results/): used until `opselect calibrate` replaces them.
+_HOPPER = dict(
+    smem_bytes=227 * 1024, launch=4e-6, sync=12e-6, gather_smem=1.0 / 1.5e12, atomic=1.0 / 2.5e10,
+    compare=1.0 / 4e13, sort_fixed=25e-6,
+)
+_KNOWN = {
+    "H200": dict(_HOPPER, bandwidth=4.3e12, l2_bandwidth=9e12, gather_l2=1.0 / 1.6e11,
+                 gather_dram=1.0 / 5e10, sort_per_byte=1.0 / 3.2e12),
+    "H100": dict(_HOPPER, bandwidth=3.0e12, l2_bandwidth=8e12, gather_l2=1.0 / 1.6e11,
+                 gather_dram=1.0 / 3.8e10, sort_per_byte=1.0 / 2.4e12),
+    "A100": dict(smem_bytes=163 * 1024, launch=5e-6, sync=15e-6, gather_smem=1.0 / 8e11,
+                 atomic=1.0 / 1.5e10, compare=1.0 / 2e13, sort_fixed=30e-6, bandwidth=1.6e12,
+                 l2_bandwidth=4e12, gather_l2=1.0 / 8e10, gather_dram=1.0 / 2.5e10,
+                 sort_per_byte=1.0 / 1.3e12),
+}
+
+
+def defaults_for(info: DeviceInfo) -> DeviceModel:
+    if info.type != "cuda":
+        # The CPU: torch's kernels at a few GB/s; Triton only through the interpreter, which is
+        # about a thousand times slower than a GPU would be, so auto picks torch there.
+        return DeviceModel(
+            name=info.cache_key, sm_count=info.sm_count, l2_bytes=info.l2_bytes, smem_bytes=1 << 16,
+            bandwidth=8e9, l2_bandwidth=3e10, launch=2e-6, sync=0.0, gather_l2=1 / 5e8,
+            gather_dram=1 / 1e8, gather_smem=1 / 1e9, atomic=1 / 1e8, compare=1 / 4e9,
+            sort_per_byte=1 / 2e9, sort_fixed=5e-6, triton_slowdown=1e3)
+    for tag, consts in _KNOWN.items():
+        if tag in info.name:
+            return DeviceModel(name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes,
+                               **consts)
+    # An unknown GPU: scale an H100's figures by its SM count; calibrate to do better.
+    ratio = info.sm_count / 132
+    base = _KNOWN["H100"]
+    return DeviceModel(
+        name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes,
+        **{k: (v * ratio if k in ("bandwidth", "l2_bandwidth") else
+               v / ratio if k.startswith(("gather", "atomic", "compare", "sort_per")) else v)
+           for k, v in base.items()})
+
+
+_models: dict[str, DeviceModel] = {}
+
+
+def model_for(info: DeviceInfo) -> DeviceModel:
+    """The device's model: defaults, with the calibration from the tune cache laid over them."""
+    model = _models.get(info.cache_key)
+    if model is None:
+        model = defaults_for(info)
+        if info.type == "cuda":
+            from ..tune_cache import store
+
+            record = store().get_calibration(info)
+            if record is not None:
+                model = with_calibration(model, record.constants, record.scales)
+        _models[info.cache_key] = model
+    return model
+
+
+def with_calibration(model: DeviceModel, constants: dict[str, float],
+                     scales: dict[str, float]) -> DeviceModel:
+    known = {f.name for f in fields(DeviceModel)}
+    good = {k: float(v) for k, v in constants.items()
+            if k in known and k in CONSTANT_NAMES and math.isfinite(v) and v > 0}
+    good_scales = {k: float(v) for k, v in scales.items() if math.isfinite(v) and v > 0}
+    return replace(model, **good, scales={**model.scales, **good_scales}, calibrated=True)
+
+
+def forget_models() -> None:
+    _models.clear()

@@ -1,0 +1,1 @@
+"""Triton kernels, one module per op: kernels at the top, launchers and backends below."""
