@@ -48,8 +48,10 @@ class Backend:
 
     # -- what subclasses implement -------------------------------------------------------------
     def supports(self, call: Any) -> str | None:
-        """None when the backend can take the call, else the reason it cannot (shown to users)."""
-        return self.device_reason(call.info)
+        """None when the backend can take the call, else the reason it cannot (shown to users).
+        The device (Triton needs CUDA or the interpreter) is checked by the dispatcher first, via
+        device_reason(), so this only judges the call's shapes, dtypes and flags."""
+        return None
 
     def configs(self, call: Any) -> list[dict[str, Any]]:
         """Tunable configurations; the first is the backend's heuristic pick for this call."""

@@ -53,10 +53,13 @@ class Op:
     options, device) -> (args, kwargs)` makes realistic inputs from a warm spec entry."""
 
     def __init__(self, name: str, prepare: Callable[..., Call], backends: Sequence[Backend],
-                 sample: Callable[..., tuple[tuple, dict]] | None = None):
+                 sample: Callable[..., tuple[tuple, dict]] | None = None,
+                 calibration: Sequence[tuple[list, Any, dict]] = ()):
         self.name = name
         self.prepare = prepare
         self.sample = sample
+        #: (shapes, dtype, options) for sample(): the shapes `opselect calibrate` fits on
+        self.calibration = list(calibration)
         self.backends: tuple[Backend, ...] = tuple(backends)
         if not self.backends or self.backends[0].name != "torch":
             raise ValueError(f"op {name!r}: the first backend must be 'torch' (the safe fallback)")
@@ -90,9 +93,9 @@ class Op:
     # -- selection ------------------------------------------------------------------------------
     def _force(self, call: Call, name: str) -> Choice:
         chosen = self.backend(name)
-        reason = chosen.supports(call)
+        reason = chosen.device_reason(call.info) or chosen.supports(call)
         if reason is not None:
-            able = [b.name for b in self.backends if b.supports(call) is None]
+            able = [c.name for c in self.plan(call) if c.supported]
             raise BackendError(
                 f"{self.name}: backend {name!r} cannot take this call ({call.describe()}): {reason}. "
                 f"Backends that can: {', '.join(able)}")
@@ -107,21 +110,30 @@ class Op:
         self._memo[call.key] = choice
         return choice
 
-    def decide(self, call: Call, *, tune: bool | None = None) -> Decision:
-        """Run the chain below the memo for this call: supports, cache, model, and (in tuning mode,
-        or with tune=True) measuring whatever the cache lacks. Returns the whole record."""
-        from ..heuristics.device_model import model_for
+    def plan(self, call: Call, model: Any = None, *, check_device: bool = True) -> list[Candidate]:
+        """Every backend's verdict and the cost model's estimate for this call. With
+        check_device=False the device is not asked (a what-if on a device one does not have)."""
+        if model is None:
+            from ..heuristics.device_model import model_for
 
-        tune = _tuning.state.active if tune is None else tune
-        model = model_for(call.info)
+            model = model_for(call.info)
         candidates = []
         for b in self.backends:
-            reason = b.supports(call)
+            reason = b.device_reason(call.info) if check_device else None
+            if reason is None:
+                reason = b.supports(call)
             cand = Candidate(b.name, reason)
             if reason is None:
                 est = b.cost(call, model)
                 cand.predicted_s, cand.parts, cand.notes = est.seconds, est.parts, est.notes
             candidates.append(cand)
+        return candidates
+
+    def decide(self, call: Call, *, tune: bool | None = None) -> Decision:
+        """Run the chain below the memo for this call: supports, cache, model, and (in tuning mode,
+        or with tune=True) measuring whatever the cache lacks. Returns the whole record."""
+        tune = _tuning.state.active if tune is None else tune
+        candidates = self.plan(call)
         able = [c for c in candidates if c.supported]
         if len(able) == 1:
             only = able[0]

@@ -68,21 +68,20 @@ def hash_(call, model, *, local_table_bytes: int):
                           memory=_stream(call, model), build=build, probes=probes)
 
 
-def bitmap(call, model, *, needs_sync: bool, max_bits: int):
+def bitmap(call, model, *, cap_bits: int, local_bytes: int):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
-    notes: tuple[str, ...] = ()
-    parts = dict(launch=2 * model.launch, memory=_stream(call, model))
-    if needs_sync:
-        # The range is data: min/max on the device, then one host sync to size the bitmap. The
-        # model cannot see the range, so it assumes one as wide as the test set is long (at worst
-        # the backend falls back to hash above max_bits; measuring finds the narrow ranges).
-        notes = ("syncs with the host to read the value range",
-                 f"falls back to hash when the range exceeds {max_bits} values")
-        parts.update(minmax=model.stream(n * s) + model.launch, sync=model.sync)
-        bits = max(8 * n, 1 << 16)
-    else:
-        bits = 1 << (8 * s)
-    bit_bytes = bits / 8
-    parts.update(build=model.stream(bit_bytes) + n * model.atomic,
-                 probes=model.gather(m, bit_bytes))
+    bit_bytes = cap_bits / 8
+    local = bit_bytes <= local_bytes
+    parts = dict(launch=3 * model.launch, memory=_stream(call, model),
+                 setup=model.stream(bit_bytes) + n * model.atomic)
+    narrow = 1.2 * model.gather(m, 0, on_chip=True) if local else model.gather(m, bit_bytes)
+    if s <= 2:  # 8/16-bit integers: the whole range always fits
+        return model.estimate(OP, "bitmap", triton=True, probes=narrow, **parts)
+    # Wider integers: the range is data, measured on the device, and the model cannot see it.
+    # With even odds of a narrow range (bitmap) and a wide one (the hash set's probes), the
+    # expected cost is the mean; tuning measures the real data.
+    wide = hash_(call, model, local_table_bytes=local_bytes).parts["probes"]
+    parts.update(minmax=model.stream(n * s) + model.launch, probes=0.5 * (narrow + wide))
+    notes = ("bitmap or hash set, decided on the device from the value range (no host sync)",
+             "the model assumes even odds of a narrow range")
     return model.estimate(OP, "bitmap", triton=True, notes=notes, **parts)

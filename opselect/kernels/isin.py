@@ -9,9 +9,11 @@ Five algorithms, with M = elements.numel() and N = test_elements.numel():
   hash     an open-addressing hash set of the test elements built with atomic compare-and-swap,
            then one probe (about 1.5 loads) per element; a table of up to LOCAL_TABLE_BYTES is held
            on chip by every program (gathers from shared memory), larger ones are read through L2
-  bitmap   one bit per value between the test set's min and max, set with atomic or; one bit test
-           per element. 8/16-bit integers use their whole range (no host sync); wider integers need
-           min and max on the host (one sync) and fall back to hash above BITMAP_MAX_BITS
+  bitmap   integers: one bit per value from the test set's minimum up, set with atomic or; one bit
+           test per element. 8/16-bit integers use their whole range; wider ones measure min and
+           max on the device and, when the range exceeds the bitmap's capacity (32 bits per test
+           element, at most BITMAP_MAX_BITS), the same kernels use the hash set instead. The choice
+           is made on the device: no host sync.
 
 Semantics are torch's: NaN is never a member, -0.0 equals 0.0. The kernels compare keys, not floats:
 a float is canonicalised (-0.0 -> +0.0) and its bits reinterpreted as an integer, so hashing and
@@ -37,7 +39,7 @@ from ._common import FLOAT_DTYPES, cdiv, flat, needs_int64, next_pow2
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
 LOCAL_TABLE_BYTES = 16 * 1024
-# Bitmaps above this many bits would not stay in L2; such value ranges go to the hash set instead.
+# The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
 BITMAP_MAX_BITS = 1 << 28  # 32 MiB
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -48,13 +50,21 @@ SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int
 # Kernels
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _widen_half(v):
+    """16-bit floats are compared as float32 (exact). Triton's interpreter compares bfloat16 by
+    its raw bits, so the CPU tests need this too."""
+    if v.dtype == tl.float16 or v.dtype == tl.bfloat16:
+        v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
 def _to_key(v, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr):
     """An integer key equal for equal values: floats lose the sign of zero and are bit-cast."""
     if IS_FLOAT:
+        v = _widen_half(v)
         v = tl.where(v == 0, tl.zeros_like(v), v)
-        if v.dtype == tl.float16 or v.dtype == tl.bfloat16:
-            v = v.to(tl.int16, bitcast=True)
-        elif v.dtype == tl.float32:
+        if v.dtype == tl.float32:
             v = v.to(tl.int32, bitcast=True)
         else:
             v = v.to(tl.int64, bitcast=True)
@@ -83,12 +93,12 @@ def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N,
         pid = pid.to(tl.int64)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    x = tl.load(x_ptr + rows, mask=row_ok)
+    x = _widen_half(tl.load(x_ptr + rows, mask=row_ok))
     # Accumulate the matches tile by tile and reduce once at the end: one reduction, not N/BLOCK_N.
     hit = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int1)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        t = tl.load(t_ptr + cols, mask=cols < N)
+        t = _widen_half(tl.load(t_ptr + cols, mask=cols < N))
         # == is IEEE equality: NaN matches nothing, -0.0 matches 0.0, as torch.isin.
         hit = hit | ((x[:, None] == t[None, :]) & (cols < N)[None, :])
     found = tl.max(hit.to(tl.int8), axis=1) > 0
@@ -104,7 +114,7 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
         pid = pid.to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < M
-    x = tl.load(x_ptr + offs, mask=ok)
+    x = _widen_half(tl.load(x_ptr + offs, mask=ok))
     # Branchless lower bound: the window [base, base + n) halves each step for every lane alike,
     # so the loop has a fixed trip count (STEPS = ceil(log2 N)) and no divergence. The first steps
     # read the same few addresses from every lane, which stay in L1.
@@ -112,15 +122,60 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
     n = N
     for _ in tl.static_range(STEPS):
         half = n // 2
-        probe = tl.load(sorted_ptr + base + half)
+        probe = _widen_half(tl.load(sorted_ptr + base + half))
         base = tl.where(probe < x, base + half, base)
         n = n - half
-    first = tl.load(sorted_ptr + base)
+    first = _widen_half(tl.load(sorted_ptr + base))
     # lower_bound is base + (first < x); it is a hit if in range and equal (NaN never is).
     after = base + 1
-    second = tl.load(sorted_ptr + after, mask=(first < x) & (after < N))
+    second = _widen_half(tl.load(sorted_ptr + after, mask=(first < x) & (after < N)))
     found = (first == x) | ((first < x) & (after < N) & (second == x))
     tl.store(out_ptr + offs, found != INVERT, mask=ok)
+
+
+@triton.jit
+def _hash_insert(table_ptr, flag_ptr, v, ok, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr,
+                 LOG_T: tl.constexpr):
+    """Insert the values v (where ok) into the linear-probing table of 2**LOG_T keys."""
+    v = _widen_half(v)
+    key = _to_key(v, IS_FLOAT, KEY_BITS)
+    empty = tl.full(key.shape, -(1 << (KEY_BITS - 1)), key.dtype)
+    # The empty-slot marker is the key type's minimum. Floats never produce it (it is -0.0's
+    # bits, canonicalised away); an integer test set may contain it, which a flag records.
+    tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.full(key.shape, 1, tl.int8),
+             mask=ok & (key == empty))
+    todo = ok & (key != empty) & (v == v)  # NaN is never a member
+    slot = _hash(key, LOG_T, KEY_BITS)
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        # atomic_cas has no mask: lanes already done swap their key for itself, which changes
+        # nothing, so every lane can take part in every round.
+        old = tl.atomic_cas(table_ptr + slot, tl.where(todo, empty, key), key, sem="relaxed")
+        todo = todo & (old != empty) & (old != key)
+        slot = tl.where(todo, (slot + 1) & ((1 << LOG_T) - 1), slot)
+
+
+@triton.jit
+def _hash_lookup(table_ptr, table, has_empty_key, v, ok, IS_FLOAT: tl.constexpr,
+                 KEY_BITS: tl.constexpr, LOG_T: tl.constexpr, LOCAL: tl.constexpr):
+    """Membership of the values v in the table; `table` is its on-chip copy when LOCAL."""
+    v = _widen_half(v)
+    key = _to_key(v, IS_FLOAT, KEY_BITS)
+    empty = tl.full(key.shape, -(1 << (KEY_BITS - 1)), key.dtype)
+    found = (key == empty) & has_empty_key
+    todo = ok & (key != empty)
+    slot = _hash(key, LOG_T, KEY_BITS)
+    # Linear probing ends at the key (a hit) or an empty slot (a miss); the block stops when its
+    # longest probe does.
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        if LOCAL:
+            seen = tl.gather(table, slot, 0)
+        else:
+            seen = tl.load(table_ptr + slot, mask=todo, other=-(1 << (KEY_BITS - 1)))
+        hit = todo & (seen == key)
+        found = found | hit
+        todo = todo & ~hit & (seen != empty)
+        slot = (slot + 1) & ((1 << LOG_T) - 1)
+    return found & (v == v)
 
 
 @triton.jit
@@ -130,21 +185,7 @@ def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N,
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    key = _to_key(v, IS_FLOAT, KEY_BITS)
-    empty = tl.full([BLOCK], -(1 << (KEY_BITS - 1)), key.dtype)
-    # The empty-slot marker is the key type's minimum. Floats never produce it (it is -0.0's
-    # bits, canonicalised away); an integer test set may contain it, which a flag records.
-    tl.store(flag_ptr + tl.zeros([BLOCK], dtype=tl.int32), tl.full([BLOCK], 1, tl.int8),
-             mask=ok & (key == empty))
-    todo = ok & (key != empty) & (v == v)  # NaN is never a member
-    slot = _hash(key, LOG_T, KEY_BITS)
-    mask_t = (1 << LOG_T) - 1
-    while tl.max(todo.to(tl.int32), axis=0) > 0:
-        # atomic_cas has no mask: lanes already done swap their key for itself, which changes
-        # nothing, so every lane can take part in every round.
-        old = tl.atomic_cas(table_ptr + slot, tl.where(todo, empty, key), key, sem="relaxed")
-        todo = todo & (old != empty) & (old != key)
-        slot = tl.where(todo, (slot + 1) & mask_t, slot)
+    _hash_insert(table_ptr, flag_ptr, v, ok, IS_FLOAT, KEY_BITS, LOG_T)
 
 
 @triton.jit
@@ -155,62 +196,123 @@ def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M,
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
-    mask_t = (1 << LOG_T) - 1
     has_empty_key = tl.load(flag_ptr) != 0
+    table = 0
     if LOCAL:
-        # Small tables are held by the program itself: lookups become on-chip gathers.
+        # Small tables are held by the program itself: lookups become on-chip gathers, and the
+        # copy is paid once for BLOCKS_PER_PROGRAM blocks.
         table = tl.load(table_ptr + tl.arange(0, 1 << LOG_T))
     for i in range(BLOCKS_PER_PROGRAM):
         offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < M
         v = tl.load(x_ptr + offs, mask=ok, other=0)
-        key = _to_key(v, IS_FLOAT, KEY_BITS)
-        empty = tl.full([BLOCK], -(1 << (KEY_BITS - 1)), key.dtype)
-        found = (key == empty) & has_empty_key
-        todo = ok & (key != empty)
-        slot = _hash(key, LOG_T, KEY_BITS)
-        # Linear probing ends at the key (a hit) or an empty slot (a miss); the block stops when
-        # its longest probe does.
-        while tl.max(todo.to(tl.int32), axis=0) > 0:
-            if LOCAL:
-                seen = tl.gather(table, slot, 0)
-            else:
-                seen = tl.load(table_ptr + slot, mask=todo, other=-(1 << (KEY_BITS - 1)))
-            hit = todo & (seen == key)
-            found = found | hit
-            todo = todo & ~hit & (seen != empty)
-            slot = (slot + 1) & mask_t
-        found = found & (v == v)
+        found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, IS_FLOAT, KEY_BITS, LOG_T,
+                             LOCAL)
         tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
+# The bitmap backend decides on the device, without a host sync, between a bitmap (when the test
+# set's value range fits its capacity) and the hash set (when it does not). params[0] holds the
+# range's low end, params[1] 1 for the bitmap and 0 for the hash set.
 @triton.jit
-def _bitmap_build_kernel(t_ptr, bits_ptr, lo_ptr, N, RANGE_BITS,
+def _minmax_partials_kernel(t_ptr, part_ptr, N, BLOCK: tl.constexpr, PER_PROGRAM: tl.constexpr):
+    pid = tl.program_id(0)
+    lo = tl.full([BLOCK], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    hi = tl.full([BLOCK], -0x7FFFFFFFFFFFFFFF - 1, tl.int64)
+    for i in range(PER_PROGRAM):
+        offs = (pid * PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < N
+        v = tl.load(t_ptr + offs, mask=ok, other=0).to(tl.int64)
+        lo = tl.where(ok, tl.minimum(lo, v), lo)
+        hi = tl.where(ok, tl.maximum(hi, v), hi)
+    tl.store(part_ptr + 2 * pid, tl.min(lo, axis=0))
+    tl.store(part_ptr + 2 * pid + 1, tl.max(hi, axis=0))
+
+
+@triton.jit
+def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, WORDS, T,
+                         CAP_BITS: tl.constexpr, FULL_RANGE_LO, FULL_RANGE: tl.constexpr,
+                         KEY_BITS: tl.constexpr, P_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """Every program reduces the partial min/max itself (P is small), so no extra launch is
+    needed; then it clears its share of the bitmap, or fills its share of the hash table."""
+    pid = tl.program_id(0)
+    if FULL_RANGE:
+        # 8- and 16-bit integers: the bitmap spans the whole dtype, nothing to measure.
+        lo = tl.full([], FULL_RANGE_LO, tl.int64)
+        fits = tl.full([], 1, tl.int1)
+    else:
+        idx = tl.arange(0, P_BLOCK)
+        lo = tl.min(tl.load(part_ptr + 2 * idx, mask=idx < P, other=0x7FFFFFFFFFFFFFFF), axis=0)
+        hi = tl.max(tl.load(part_ptr + 2 * idx + 1, mask=idx < P, other=-0x7FFFFFFFFFFFFFFF - 1),
+                    axis=0)
+        span = hi - lo  # wraps negative only when the range exceeds 2**63: then it does not fit
+        fits = (span >= 0) & (span < CAP_BITS)
+    if pid == 0:
+        tl.store(params_ptr, lo)
+        tl.store(params_ptr + 1, fits.to(tl.int64))
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    if fits:
+        tl.store(bits_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < WORDS)
+    else:
+        tl.store(table_ptr + offs, tl.full([BLOCK], -(1 << (KEY_BITS - 1)), table_ptr.dtype.element_ty),
+                 mask=offs < T)
+
+
+@triton.jit
+def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N,
+                         CAP_BITS: tl.constexpr, KEY_BITS: tl.constexpr, LOG_T: tl.constexpr,
                          BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
-    v = tl.load(t_ptr + offs, mask=ok, other=0).to(tl.int64)
-    rel = v - tl.load(lo_ptr)
-    ok = ok & (rel >= 0) & (rel < RANGE_BITS)
-    word = (rel >> 5).to(tl.int32)
-    bit = (rel & 31).to(tl.int32)
-    tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
+    v = tl.load(t_ptr + offs, mask=ok, other=0)
+    if tl.load(params_ptr + 1) != 0:
+        rel = v.to(tl.int64) - tl.load(params_ptr)
+        ok = ok & (rel >= 0) & (rel < CAP_BITS)
+        word = (rel >> 5).to(tl.int32)
+        bit = (rel & 31).to(tl.int32)
+        tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
+    else:
+        _hash_insert(table_ptr, flag_ptr, v, ok, False, KEY_BITS, LOG_T)
 
 
 @triton.jit
-def _bitmap_probe_kernel(x_ptr, bits_ptr, lo_ptr, out_ptr, M, RANGE_BITS,
-                         INVERT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_ptr, M,
+                         CAP_BITS: tl.constexpr, KEY_BITS: tl.constexpr, LOG_T: tl.constexpr,
+                         LOCAL_BITS: tl.constexpr, LOCAL_TABLE: tl.constexpr,
+                         INVERT: tl.constexpr, BLOCK: tl.constexpr,
+                         BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < M
-    v = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64)
-    rel = v - tl.load(lo_ptr)
-    inside = ok & (rel >= 0) & (rel < RANGE_BITS)
-    word = tl.load(bits_ptr + (rel >> 5).to(tl.int32), mask=inside, other=0)
-    found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
-    tl.store(out_ptr + offs, found != INVERT, mask=ok)
+    lo = tl.load(params_ptr)
+    if tl.load(params_ptr + 1) != 0:
+        words = 0
+        if LOCAL_BITS:
+            words = tl.load(bits_ptr + tl.arange(0, CAP_BITS // 32))
+        for i in range(BLOCKS_PER_PROGRAM):
+            offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+            ok = offs < M
+            rel = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64) - lo
+            inside = ok & (rel >= 0) & (rel < CAP_BITS)
+            w_idx = tl.where(inside, rel >> 5, 0).to(tl.int32)
+            if LOCAL_BITS:
+                word = tl.gather(words, w_idx, 0)
+            else:
+                word = tl.load(bits_ptr + w_idx, mask=inside, other=0)
+            found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
+            tl.store(out_ptr + offs, found != INVERT, mask=ok)
+    else:
+        has_empty_key = tl.load(flag_ptr) != 0
+        table = 0
+        if LOCAL_TABLE:
+            table = tl.load(table_ptr + tl.arange(0, 1 << LOG_T))
+        for i in range(BLOCKS_PER_PROGRAM):
+            offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+            ok = offs < M
+            v = tl.load(x_ptr + offs, mask=ok, other=0)
+            found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, False, KEY_BITS, LOG_T,
+                                 LOCAL_TABLE)
+            tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,11 +415,13 @@ def _same_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.
 # Backends
 # ---------------------------------------------------------------------------------------------
 def _torch_isin(call: IsinCall) -> torch.Tensor:
+    # torch.isin .view()s a multi-dimensional test set and fails on non-contiguous ones (torch
+    # 2.11-2.13); its shape does not matter, so hand it over flat.
+    test = call.test if call.test.dim() <= 1 else flat(call.test)
     if call.out is not None:
-        return torch.isin(call.elements, call.test, assume_unique=call.assume_unique,
+        return torch.isin(call.elements, test, assume_unique=call.assume_unique,
                           invert=call.invert, out=call.out)
-    return torch.isin(call.elements, call.test, assume_unique=call.assume_unique,
-                      invert=call.invert)
+    return torch.isin(call.elements, test, assume_unique=call.assume_unique, invert=call.invert)
 
 
 def _output(call: IsinCall) -> torch.Tensor:
@@ -347,13 +451,13 @@ def _key_bits(dtype: torch.dtype) -> int:
 
 class CompareBackend(Backend):
     name = "compare"
-    kernels = (_compare_kernel,)
+    kernels = (_compare_kernel, _widen_half)
     MAX_N = 1 << 16  # beyond this the O(M*N) work is never competitive; keep tuning short
 
     def supports(self, call: IsinCall) -> str | None:
         if call.n > self.MAX_N:
             return f"test_elements has {call.n} elements; compare is for at most {self.MAX_N}"
-        return self.device_reason(call.info)
+        return None
 
     def configs(self, call: IsinCall) -> list[dict]:
         bn = min(64, max(16, next_pow2(call.n)))
@@ -379,7 +483,7 @@ class CompareBackend(Backend):
 
 class SearchBackend(Backend):
     name = "search"
-    kernels = (_search_kernel,)
+    kernels = (_search_kernel, _widen_half)
 
     def configs(self, call: IsinCall) -> list[dict]:
         return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 512, "num_warps": 4},
@@ -408,18 +512,25 @@ def _hash_table_log(n: int) -> int:
     return max(4, (2 * n - 1).bit_length())
 
 
+def _fits_on_chip(nbytes: int) -> bool:
+    return nbytes <= LOCAL_TABLE_BYTES
+
+
+def _blocks_per_program(m: int, block: int, per: int) -> int:
+    """Several blocks per program amortise the on-chip copy of a table, but never more blocks
+    than there are."""
+    return max(1, min(per, cdiv(m, block)))
+
+
 class HashBackend(Backend):
     name = "hash"
-    kernels = (_hash_build_kernel, _hash_probe_kernel, _to_key, _hash)
-
-    def supports(self, call: IsinCall) -> str | None:
-        return self.device_reason(call.info)
+    kernels = (_hash_build_kernel, _hash_probe_kernel, _hash_insert, _hash_lookup, _to_key,
+               _widen_half, _hash)
 
     def configs(self, call: IsinCall) -> list[dict]:
         log_t = _hash_table_log(call.n)
-        local = (1 << log_t) * _key_bits(call.elements.dtype) // 8 <= LOCAL_TABLE_BYTES
-        if local:
-            # The table is loaded once per program, so each program takes several blocks.
+        if _fits_on_chip((1 << log_t) * _key_bits(call.elements.dtype) // 8):
+            # The table is copied on chip once per program, so each program takes several blocks.
             return [{"BLOCK": 1024, "PER_PROGRAM": 8, "LOCAL": True, "num_warps": 8},
                     {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "num_warps": 8},
                     {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "num_warps": 4}]
@@ -432,25 +543,23 @@ class HashBackend(Backend):
         if done is not None:
             return done
         x, t = flat(call.elements), flat(call.test)
-        dtype = x.dtype
-        key_bits = _key_bits(dtype)
-        is_float = dtype.is_floating_point
+        key_bits = _key_bits(x.dtype)
         log_t = _hash_table_log(call.n)
-        local = bool(config.get("LOCAL")) and (1 << log_t) * key_bits // 8 <= LOCAL_TABLE_BYTES
+        local = bool(config.get("LOCAL")) and _fits_on_chip((1 << log_t) * key_bits // 8)
         key_dtype = torch.int64 if key_bits == 64 else torch.int32
         table = torch.full((1 << log_t,), torch.iinfo(key_dtype).min, dtype=key_dtype,
                            device=x.device)
         flag = torch.zeros(1, dtype=torch.int8, device=x.device)
         build_block = 1024
         _hash_build_kernel[(cdiv(call.n, build_block),)](
-            t, table, flag, call.n, IS_FLOAT=is_float, KEY_BITS=key_bits, LOG_T=log_t,
-            BLOCK=build_block, num_warps=4)
+            t, table, flag, call.n, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
+            LOG_T=log_t, BLOCK=build_block, num_warps=4)
         out = _output(call)
         block = config["BLOCK"]
-        per = config["PER_PROGRAM"] if local else 1
+        per = _blocks_per_program(call.m, block, config["PER_PROGRAM"] if local else 1)
         _hash_probe_kernel[(cdiv(call.m, block * per),)](
-            x, table, flag, out, call.m, IS_FLOAT=is_float, KEY_BITS=key_bits, LOG_T=log_t,
-            LOCAL=local, INVERT=call.invert, BLOCK=block, BLOCKS_PER_PROGRAM=per,
+            x, table, flag, out, call.m, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
+            LOG_T=log_t, LOCAL=local, INVERT=call.invert, BLOCK=block, BLOCKS_PER_PROGRAM=per,
             I64=needs_int64(call.m), num_warps=config["num_warps"])
         return _finish(call, out)
 
@@ -458,54 +567,84 @@ class HashBackend(Backend):
         return cost.hash_(call, model, local_table_bytes=LOCAL_TABLE_BYTES)
 
 
+def bitmap_capacity(n: int, dtype: torch.dtype) -> int:
+    """Bits of the bitmap: the whole range for 8/16-bit integers; else 32 bits per test element
+    (no more memory than the hash table would take), at least 2**16 and at most BITMAP_MAX_BITS."""
+    if dtype.itemsize <= 2:
+        return 1 << (8 * dtype.itemsize)
+    return min(BITMAP_MAX_BITS, max(1 << 16, 32 * next_pow2(n)))
+
+
 class BitmapBackend(Backend):
+    """A bitmap over the test set's value range, decided on the device: no host sync. When the
+    range exceeds the bitmap's capacity the same kernels use the hash set instead."""
+
     name = "bitmap"
-    kernels = (_bitmap_build_kernel, _bitmap_probe_kernel)
+    kernels = (_minmax_partials_kernel, _bitmap_setup_kernel, _bitmap_build_kernel,
+               _bitmap_probe_kernel, _hash_insert, _hash_lookup, _to_key, _widen_half, _hash)
+    MINMAX_BLOCK = 1024
+    MAX_PARTIALS = 1024
 
     def supports(self, call: IsinCall) -> str | None:
         if call.elements.dtype.is_floating_point:
             return "bitmap takes integer dtypes only (a float range has no bit per value)"
-        return self.device_reason(call.info)
+        return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8}]
-
-    @staticmethod
-    def needs_sync(dtype: torch.dtype) -> bool:
-        return dtype.itemsize > 2
+        return [{"BLOCK": 1024, "PER_PROGRAM": 8, "num_warps": 8},
+                {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
+                {"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
         done = _trivial(call)
         if done is not None:
             return done
         x, t = flat(call.elements), flat(call.test)
-        dtype = x.dtype
-        if self.needs_sync(dtype):
-            # The bitmap's size depends on the data: the one host sync of this backend.
-            lo_hi = torch.aminmax(t)
-            lo_t = lo_hi.min.reshape(1).to(torch.int64)
-            lo, hi = (int(v) for v in torch.stack([lo_hi.min, lo_hi.max]).tolist())
-            range_bits = hi - lo + 1
-            if range_bits > BITMAP_MAX_BITS:
-                return _HASH.run(call, _HASH.configs(call)[0])
+        dev = x.device
+        key_bits = _key_bits(x.dtype)
+        cap_bits = bitmap_capacity(call.n, x.dtype)
+        full_range = x.dtype.itemsize <= 2
+        log_t = _hash_table_log(call.n)
+        key_dtype = torch.int64 if key_bits == 64 else torch.int32
+        # Both structures are allocated (O(N) each, from the caching allocator); the setup kernel
+        # initialises only the one the data calls for.
+        bits = torch.empty(cap_bits // 32, dtype=torch.int32, device=dev)
+        table = torch.empty(0 if full_range else 1 << log_t, dtype=key_dtype, device=dev)
+        flag = torch.zeros(1, dtype=torch.int8, device=dev)
+        params = torch.empty(2, dtype=torch.int64, device=dev)
+        if full_range:
+            parts, n_parts = params, 0
         else:
-            info = torch.iinfo(dtype)
-            range_bits = info.max - info.min + 1
-            lo_t = torch.full((1,), info.min, dtype=torch.int64, device=x.device)
-        bits = torch.zeros(cdiv(range_bits, 32), dtype=torch.int32, device=x.device)
+            per = max(1, cdiv(call.n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
+            n_parts = cdiv(call.n, self.MINMAX_BLOCK * per)
+            parts = torch.empty(2 * n_parts, dtype=torch.int64, device=dev)
+            _minmax_partials_kernel[(n_parts,)](t, parts, call.n, BLOCK=self.MINMAX_BLOCK,
+                                               PER_PROGRAM=per, num_warps=4)
+        setup_block = 1024
+        _bitmap_setup_kernel[(cdiv(max(cap_bits // 32, table.numel()), setup_block),)](
+            parts, n_parts, params, bits, table, cap_bits // 32, table.numel(),
+            CAP_BITS=cap_bits, FULL_RANGE_LO=torch.iinfo(x.dtype).min, FULL_RANGE=full_range,
+            KEY_BITS=key_bits, P_BLOCK=next_pow2(max(n_parts, 2)), BLOCK=setup_block, num_warps=4)
         build_block = 1024
         _bitmap_build_kernel[(cdiv(call.n, build_block),)](
-            t, bits, lo_t, call.n, range_bits, BLOCK=build_block, num_warps=4)
+            t, params, bits, table, flag, call.n, CAP_BITS=cap_bits, KEY_BITS=key_bits,
+            LOG_T=log_t, BLOCK=build_block, num_warps=4)
         out = _output(call)
+        local_bits = _fits_on_chip(cap_bits // 8)
+        local_table = not full_range and _fits_on_chip((1 << log_t) * key_bits // 8)
         block = config["BLOCK"]
-        _bitmap_probe_kernel[(cdiv(call.m, block),)](
-            x, bits, lo_t, out, call.m, range_bits, INVERT=call.invert, BLOCK=block,
-            I64=needs_int64(call.m), num_warps=config["num_warps"])
+        per = _blocks_per_program(call.m, block,
+                                  config["PER_PROGRAM"] if (local_bits or local_table) else 1)
+        _bitmap_probe_kernel[(cdiv(call.m, block * per),)](
+            x, params, bits, table, flag, out, call.m, CAP_BITS=cap_bits, KEY_BITS=key_bits,
+            LOG_T=log_t, LOCAL_BITS=local_bits, LOCAL_TABLE=local_table, INVERT=call.invert,
+            BLOCK=block, BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m),
+            num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
-        return cost.bitmap(call, model, needs_sync=self.needs_sync(call.elements.dtype),
-                           max_bits=BITMAP_MAX_BITS)
+        return cost.bitmap(call, model, cap_bits=bitmap_capacity(call.n, call.elements.dtype),
+                           local_bytes=LOCAL_TABLE_BYTES)
 
 
 def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
@@ -539,12 +678,16 @@ def _random_values(n: int, dtype: torch.dtype, device, *, narrow: bool, hi_hint:
     return torch.randint(info.min, info.max, (n,), device=device, dtype=dtype)
 
 
-_HASH = HashBackend()
-
 OP = register(Op("isin", prepare, [
     TorchBackend(_torch_isin, cost.torch_),
     CompareBackend(),
     SearchBackend(),
-    _HASH,
+    HashBackend(),
     BitmapBackend(),
-], sample=sample))
+], sample=sample, calibration=[
+    ([[1 << 22], [32]], torch.int32, {}),
+    ([[1 << 22], [1024]], torch.int32, {}),
+    ([[1 << 24], [1 << 16]], torch.int32, {}),
+    ([[1 << 24], [1 << 20]], torch.int64, {}),
+    ([[1 << 22], [1 << 20]], torch.float32, {"values": "narrow"}),
+]))

@@ -1,0 +1,341 @@
+"""The `opselect` command line: warm, show, explain, calibrate, clear, export, import, demo."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EPILOG = """\
+examples:
+  opselect warm spec.yaml                       tune every shape a spec lists
+  opselect warm --op isin --shapes "16777216;1024" --dtype int32 --dtype int64
+  opselect explain isin --shapes "1000000;5000" --dtype int64
+  opselect explain topk --shapes 64x128000 --dtype bfloat16 --opt k=50 --what-if H200
+  opselect show --op isin
+  opselect export tuned.json   /   opselect import tuned.json
+
+Shapes: dims joined by 'x', one shape per tensor argument joined by ';' ("" or "()" for 0-d).
+The cache lives in $OPSELECT_CACHE_DIR (default ~/.cache/opselect); --cache-dir overrides it.
+"""
+
+
+def _parse_shapes(text: str) -> list[list[int]]:
+    shapes = []
+    for part in text.split(";"):
+        part = part.strip()
+        if part in ("", "()"):
+            shapes.append([])
+            continue
+        try:
+            shapes.append([int(d) for d in part.replace(",", "x").split("x")])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad shape {part!r}: expected dims joined by 'x', e.g. 64x128000") from None
+    return shapes
+
+
+def _parse_opt(text: str) -> tuple[str, Any]:
+    import yaml
+
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"bad option {text!r}: expected KEY=VALUE, e.g. k=50")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if math.isinf(s):
+        return "failed"
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+
+
+# -- warm -------------------------------------------------------------------------------------------
+def cmd_warm(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .warm import expand, load_spec, warm_item
+
+    entries: list[dict] = []
+    for spec in args.spec:
+        entries.extend(load_spec(spec))
+    if args.op:
+        if not args.shapes:
+            raise SystemExit("opselect warm: --op needs at least one --shapes")
+        entries.append({"op": args.op, "cases": args.shapes, "dtypes": args.dtype or ["float32"],
+                        "options": dict(args.opt or [])})
+    if not entries:
+        raise SystemExit("opselect warm: give a spec file or --op with --shapes (see --help)")
+    items = list(expand(entries))
+    device = _device(args.device)
+    console = _console()
+    rows = []
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("warming", total=len(items))
+        try:
+            for item in items:
+                progress.update(task, description=f"warming {item.label()}")
+                decision = warm_item(item, device)
+                rows.append((item, decision))
+                progress.advance(task)
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted: {len(rows)} of {len(items)} entries were measured "
+                          "and are in the cache[/yellow]")
+    table = Table(title=f"tuned on {device}")
+    for h in ("op / shapes / dtype", "choice", "time", "torch", "speedup"):
+        table.add_column(h, justify="right" if h in ("time", "torch", "speedup") else "left")
+    for item, d in rows:
+        chosen = d.candidate(d.choice).measured_s
+        torch_t = d.candidate("torch").measured_s
+        speed = (f"{torch_t / chosen:.2f}x" if chosen and torch_t and math.isfinite(chosen)
+                 else "-")
+        table.add_row(item.label(), d.choice, _fmt_s(chosen), _fmt_s(torch_t), speed)
+    console.print(table)
+    return 0
+
+
+def _device(name: str | None):
+    import torch
+
+    from .warm import default_device
+
+    return torch.device(name) if name else default_device()
+
+
+# -- show -------------------------------------------------------------------------------------------
+def cmd_show(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .tune_cache import store
+
+    st = store()
+    console = _console()
+    console.print(f"tune cache: {st.directory}")
+    table = Table()
+    for h in ("op", "device", "key", "best", "time", "torch", "speedup", "backends", "software"):
+        table.add_column(h)
+    n = 0
+    for rec in st.records():
+        if args.op and rec.op != args.op:
+            continue
+        n += 1
+        best = rec.best()
+        torch_t = rec.timings.get("torch")
+        fp = rec.fingerprint
+        table.add_row(rec.op, fp.device, rec.key, best[0] if best else "-",
+                      _fmt_s(best[1].seconds) if best else "-",
+                      _fmt_s(torch_t.seconds) if torch_t else "-",
+                      f"{torch_t.seconds / best[1].seconds:.2f}x"
+                      if best and torch_t and torch_t.seconds and best[1].seconds else "-",
+                      str(len(rec.timings)), f"torch {fp.torch}, triton {fp.triton}, opselect {fp.opselect}")
+    console.print(table)
+    for cal in st.calibrations():
+        console.print(f"calibration for {cal.fingerprint.device}: "
+                      + ", ".join(f"{k}={v:.3g}" for k, v in sorted(cal.constants.items())))
+    console.print(f"{n} tune record(s)")
+    return 0
+
+
+# -- explain ----------------------------------------------------------------------------------------
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .dispatch import get_op
+    from .warm import parse_dtype
+
+    op = get_op(args.op)
+    shapes = args.shapes[0] if args.shapes else None
+    if shapes is None:
+        raise SystemExit("opselect explain: give --shapes (see --help)")
+    dtype = parse_dtype((args.dtype or ["float32"])[0])
+    options = dict(args.opt or [])
+    if args.what_if:
+        print(what_if(op, shapes, dtype, options, args.what_if))
+        return 0
+    device = _device(args.device)
+    a, kw = op.sample(shapes, dtype, dict(options), device)
+    op.explain(*a, backend=args.backend, **kw).print()
+    return 0
+
+
+def what_if(op, shapes, dtype, options, gpu: str) -> str:
+    """The cost model's view of a call on a GPU one does not have (its default constants)."""
+    import torch
+
+    from .dispatch.decision import Decision
+    from .dispatch.device import DeviceInfo
+    from .heuristics.device_model import defaults_for
+
+    gpus = {"H200": (132, 60 << 20), "H100": (132, 50 << 20), "A100": (108, 40 << 20)}
+    key = gpu.upper()
+    if key not in gpus:
+        raise SystemExit(f"--what-if: unknown GPU {gpu!r}; known: {', '.join(gpus)}")
+    sms, l2 = gpus[key]
+    model = defaults_for(DeviceInfo("cuda", 0, f"NVIDIA {key}", (9, 0), sms, l2, 0))
+    a, kw = op.sample(shapes, dtype, dict(options), torch.device("meta"))
+    call = op.prepare(*a, **kw)
+    cands = op.plan(call, model, check_device=False)
+    able = [c for c in cands if c.supported]
+    best = min(able, key=lambda c: c.predicted_s)
+    d = Decision(op.name, call.describe().replace("meta", key), call.key, cands, best.name, {},
+                 f"the cost model for an {key} (default constants)")
+    return str(d)
+
+
+# -- calibrate / clear / export / import ------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .heuristics.calibrate import calibrate
+
+    device = _device(args.device)
+    if device.type != "cuda":
+        raise SystemExit("opselect calibrate: no CUDA device; calibration measures a GPU")
+    calibrate(device, fit=not args.no_fit)
+    print("calibration stored in the tune cache")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    from .tune_cache import store
+
+    st = store()
+    what = f"the {args.op} entries of" if args.op else "every entry of"
+    if not args.yes:
+        answer = input(f"delete {what} {st.directory}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    print(f"deleted {st.clear(args.op)} entries")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .tune_cache import store
+
+    print(f"exported {store().export(Path(args.file))} entries to {args.file}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from .tune_cache import store
+
+    ok, skipped = store().import_(Path(args.file))
+    print(f"imported {ok} entries" + (f", skipped {skipped} invalid ones" if skipped else ""))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main()
+
+
+# -- parser -----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="opselect",
+        description="GPU tensor ops with several algorithms each, and a dispatcher that picks the "
+                    "fastest. This tool fills, shows and moves the tune cache the dispatcher reads.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cache-dir", help="the tune cache directory (default: $OPSELECT_CACHE_DIR or "
+                                       "~/.cache/opselect)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def call_args(sp: argparse.ArgumentParser, *, many: bool) -> None:
+        sp.add_argument("--shapes", action="append", type=_parse_shapes, metavar="SHAPES",
+                        help="shapes of the tensor arguments, e.g. '16777216;1024' or 64x128000"
+                             + (" (repeat for several cases)" if many else ""))
+        sp.add_argument("--dtype", action="append", metavar="DTYPE",
+                        help="torch dtype name, e.g. int32, bfloat16" + (" (repeatable)" if many else ""))
+        sp.add_argument("--opt", action="append", type=_parse_opt, metavar="KEY=VALUE",
+                        help="an op option, e.g. k=50, dim=0, invert=true, values=narrow (repeatable)")
+        sp.add_argument("--device", help="device to run on (default: cuda if present, else cpu)")
+
+    w = sub.add_parser("warm", help="measure the candidates for given shapes and fill the cache",
+                       description="Measure every backend for each shape of a spec file (YAML or "
+                                   "JSON list of {op, shapes | cases, dtypes, options}) or of the "
+                                   "flags, writing each result to the cache as soon as it is "
+                                   "measured; ends with the chosen backend and its speedup over "
+                                   "torch per shape.")
+    w.add_argument("spec", nargs="*", help="spec files (.yaml, .yml or .json)")
+    w.add_argument("--op", help="op to warm from flags instead of (or besides) a spec")
+    call_args(w, many=True)
+    w.set_defaults(fn=cmd_warm)
+
+    s = sub.add_parser("show", help="list the cache's entries", description="List the tune cache: "
+                       "per op and key the best backend, its time, torch's time and the software "
+                       "each record was measured under; then any calibration.")
+    s.add_argument("--op", help="only this op")
+    s.set_defaults(fn=cmd_show)
+
+    e = sub.add_parser("explain", help="show how a call would be dispatched and why",
+                       description="Build random inputs of the given shapes and show every "
+                                   "candidate's supports() verdict, predicted and measured time, "
+                                   "the choice and where it came from.")
+    e.add_argument("op", help="op name, e.g. isin")
+    call_args(e, many=False)
+    e.add_argument("--backend", help="force this backend (explains the forced path)")
+    e.add_argument("--what-if", metavar="GPU", help="ask the cost model for a GPU you do not have "
+                                                    "(H200, H100, A100): no device needed")
+    e.set_defaults(fn=cmd_explain)
+
+    c = sub.add_parser("calibrate", help="measure this GPU's cost-model constants",
+                       description="Measure bandwidth, launch and sync latency, random-load, atomic, "
+                                   "compare and sort throughputs, then fit one correction per "
+                                   "backend on each op's calibration shapes; stored in the cache.")
+    c.add_argument("--device", help="CUDA device (default cuda)")
+    c.add_argument("--no-fit", action="store_true", help="constants only, no per-backend fit")
+    c.set_defaults(fn=cmd_calibrate)
+
+    cl = sub.add_parser("clear", help="delete cache entries", description="Delete the tune "
+                        "cache's entries (all, or one op's).")
+    cl.add_argument("--op", help="only this op's entries")
+    cl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    cl.set_defaults(fn=cmd_clear)
+
+    ex = sub.add_parser("export", help="write the cache to one JSON file",
+                        description="Write every cache entry to a JSON file, to move a tuned "
+                                    "cache to another machine.")
+    ex.add_argument("file")
+    ex.set_defaults(fn=cmd_export)
+
+    im = sub.add_parser("import", help="load entries from an exported JSON file",
+                        description="Load an exported JSON file into the cache; every record is "
+                                    "validated, invalid ones are skipped.")
+    im.add_argument("file")
+    im.set_defaults(fn=cmd_import)
+
+    d = sub.add_parser("demo", help="a short tour: automatic choice, forcing, explain, tuning",
+                       description="Runs on a GPU, or on the CPU through Triton's interpreter "
+                                   "(TRITON_INTERPRET=1).")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cache_dir:
+        os.environ["OPSELECT_CACHE_DIR"] = args.cache_dir
+    from .errors import OpselectError
+
+    try:
+        return int(args.fn(args) or 0)
+    except OpselectError as exc:
+        print(f"opselect {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

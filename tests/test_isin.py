@@ -1,0 +1,361 @@
+"""isin: every backend against torch.isin, on random and edge inputs, plus torch's argument rules.
+
+CPU tests run the Triton kernels through the interpreter with small shapes; the `gpu` tests repeat
+them at real sizes on CUDA. Outputs are poisoned (out= filled with the opposite of the expected
+answer) so an element a kernel forgets to write fails the test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import opselect
+from opselect import ops
+from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
+from opselect.kernels import isin as isin_mod
+
+TRITON_BACKENDS = ["compare", "search", "hash", "bitmap"]
+INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def supports(backend: str, dtype: torch.dtype) -> bool:
+    return not (backend == "bitmap" and dtype.is_floating_point)
+
+
+def check(elements, test, backend, *, invert=False, assume_unique=False):
+    """Run one backend with a poisoned out= and without out=, compare both with torch.isin."""
+    # (torch.isin itself fails on a non-contiguous multi-dimensional test set: give it a flat one)
+    expected = torch.isin(elements, test.reshape(-1), invert=invert, assume_unique=assume_unique)
+    poisoned = torch.empty_like(expected).copy_(~expected)
+    got = ops.isin(elements, test, invert=invert, assume_unique=assume_unique, out=poisoned,
+                   backend=backend)
+    assert got is poisoned
+    _assert_same(got, expected, elements, test, backend)
+    plain = ops.isin(elements, test, invert=invert, assume_unique=assume_unique, backend=backend)
+    _assert_same(plain, expected, elements, test, backend)
+
+
+def _assert_same(got, expected, elements, test, backend):
+    assert got.dtype == torch.bool and got.shape == expected.shape and got.device == expected.device
+    if not torch.equal(got, expected):
+        bad = (got != expected).nonzero()[:5].tolist()
+        raise AssertionError(f"{backend}: {int((got != expected).sum())} wrong of {got.numel()}, e.g. "
+                             f"at {bad}; elements {elements.dtype} {tuple(elements.shape)}, "
+                             f"test {tuple(test.shape)}")
+
+
+def random_values(n, dtype, device, *, lo=None, hi=None, gen=None):
+    if dtype.is_floating_point:
+        span = 50 if lo is None else hi - lo
+        base = 0 if lo is None else lo
+        vals = torch.randint(0, max(span, 1), (n,), generator=gen).to(torch.float64) + base
+        vals = vals / 4  # quarter steps: fractional values, exact in every float dtype here
+        return vals.to(dtype).to(device)
+    info = torch.iinfo(dtype)
+    lo = info.min if lo is None else max(lo, info.min)
+    hi = info.max if hi is None else min(hi, info.max)
+    return torch.randint(lo, hi, (n,), dtype=torch.int64, generator=gen).to(dtype).to(device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Random inputs, every backend and dtype (interpreter)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("dtype", INT_DTYPES + FLOAT_DTYPES, ids=str)
+def test_random_against_torch(cpu_triton, backend, dtype):
+    if not supports(backend, dtype):
+        pytest.skip("bitmap takes integers only")
+    gen = torch.Generator().manual_seed(hash((backend, str(dtype))) % 2**31)
+    for m, n, narrow in ((700, 37, True), (300, 900, False), (1100, 5, True)):
+        lo, hi = (0, 2 * n) if narrow else (None, None)
+        test = random_values(n, dtype, cpu_triton, lo=lo, hi=hi, gen=gen)
+        elements = random_values(m, dtype, cpu_triton, lo=lo, hi=hi, gen=gen)
+        # make about half of the elements members
+        picks = test[torch.randint(0, n, (m // 2,), generator=gen)]
+        elements[: m // 2] = picks
+        elements = elements[torch.randperm(m, generator=gen)]
+        for invert in (False, True):
+            check(elements, test, backend, invert=invert)
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_float_specials(cpu_triton, backend):
+    if backend == "bitmap":
+        pytest.skip("integers only")
+    nan, inf = float("nan"), float("inf")
+    for dtype in FLOAT_DTYPES:
+        elements = torch.tensor([nan, -0.0, 0.0, inf, -inf, 1.5, -1.5, 2.0, nan, 3.0], dtype=dtype)
+        for test in ([nan, 0.0, inf, 1.5], [-0.0, -inf, nan], [nan], [nan, nan, 2.0, 2.0]):
+            t = torch.tensor(test, dtype=dtype)
+            check(elements, t, backend)
+            check(elements, t, backend, invert=True)
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
+def test_integer_extremes(cpu_triton, backend, dtype):
+    info = torch.iinfo(dtype)
+    specials = [info.min, info.max, info.min + 1, info.max - 1, 0, 1]
+    if info.min < 0:
+        specials.append(-1)
+    elements = torch.tensor(specials * 3 + [5, 7, 9], dtype=dtype)
+    # The hash set's empty marker is the key type's minimum: with and without it in the test set.
+    for test in ([info.min], [info.max, 0], [info.min, info.max, 7], [1, 5]):
+        check(elements, torch.tensor(test, dtype=dtype), backend)
+        check(elements, torch.tensor(test, dtype=dtype), backend, invert=True)
+
+
+def test_bitmap_range_boundaries(cpu_triton):
+    """The bitmap holds test values in [min, min + capacity); wider ranges switch to the hash set
+    on the device. Both sides of the boundary, and ranges that overflow int64 arithmetic."""
+    n = 40
+    cap = isin_mod.bitmap_capacity(n, torch.int64)
+    lo = -123456789
+    for span in (cap - 1, cap, cap + 1, 2**62, 2**63 + 5):
+        hi = lo + span - 1 if span < 2**63 else 2**63 - 1
+        test = torch.tensor([lo, hi] + list(range(lo, lo + n - 2)), dtype=torch.int64)
+        elements = torch.tensor([lo, hi, lo - 1, hi - 1, lo + 3, -(2**63), 2**63 - 1, 0],
+                                dtype=torch.int64)
+        check(elements, test, "bitmap")
+
+
+def test_duplicates_heavy(cpu_triton):
+    """Many copies of few values: table inserts collide on the same slot."""
+    for backend in TRITON_BACKENDS:
+        test = torch.tensor([7] * 500 + [3] * 300 + [-2] * 10, dtype=torch.int32)
+        elements = torch.tensor([7, 3, -2, 0, 1, 7, 8] * 40, dtype=torch.int32)
+        check(elements, test, backend)
+
+
+def test_hash_collisions(cpu_triton):
+    """Keys that differ only above the hash's bits, to lengthen probe chains."""
+    test = (torch.arange(300, dtype=torch.int64) << 40) + 11
+    elements = torch.cat([test, test + 1, (torch.arange(300, dtype=torch.int64) << 41) + 11])
+    for backend in ("hash", "bitmap", "search"):
+        check(elements, test, backend)
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_shapes_empty_scalar_noncontiguous(cpu_triton, backend):
+    base = torch.arange(60, dtype=torch.int32).reshape(3, 4, 5)
+    test = torch.tensor([3, 17, 59, 100], dtype=torch.int32)
+    check(base, test, backend)  # rank 3
+    check(base.transpose(0, 2), test, backend)  # non-contiguous elements
+    check(base[:, ::2, 1:], base[0, :, ::3], backend)  # both non-contiguous, 2-d test set
+    assert torch.equal(ops.isin(base, base[0, :, ::3], backend="torch"),
+                       torch.isin(base, base[0, :, ::3].contiguous()))
+    check(torch.tensor(17, dtype=torch.int32), test, backend)  # 0-d elements
+    check(base, torch.tensor(17, dtype=torch.int32), backend)  # 0-d test set
+    check(torch.empty(0, 3, dtype=torch.int32), test, backend)  # no elements
+    check(base, torch.empty(0, dtype=torch.int32), backend)  # no test elements
+    check(torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.int32), backend)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    backend=st.sampled_from(TRITON_BACKENDS),
+    dtype=st.sampled_from([torch.int8, torch.int32, torch.int64, torch.float32, torch.float16]),
+    m=st.integers(0, 200),
+    n=st.integers(0, 120),
+    span=st.sampled_from([3, 50, 10**6, None]),
+    invert=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_matches_torch(cpu_triton, backend, dtype, m, n, span, invert, seed):
+    if not supports(backend, dtype):
+        return
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = (None, None) if span is None else (-span // 2, span // 2 + 1)
+    elements = random_values(m, dtype, "cpu", lo=lo, hi=hi, gen=gen)
+    test = random_values(n, dtype, "cpu", lo=lo, hi=hi, gen=gen)
+    check(elements, test, backend, invert=invert)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch's argument rules
+# ------------------------------------------------------------------------------------------------
+def test_scalars_and_promotion(cpu_triton):
+    cases = [
+        (torch.tensor([44, -1, 3], dtype=torch.int8), 300),  # 300 wraps to int8 44, as in torch
+        (torch.tensor([44, -1, 3], dtype=torch.int8), 255),
+        (torch.tensor([1, 2, 3], dtype=torch.int8), 2.5),  # promotes to float: nothing matches
+        (torch.tensor([1, 2], dtype=torch.int8), torch.tensor([1.5, 2.0])),
+        (torch.tensor([2**31], dtype=torch.int64), torch.tensor([0], dtype=torch.int32)),
+        (torch.tensor([1.0], dtype=torch.float16), torch.tensor([1.0], dtype=torch.float64)),
+        (torch.tensor([16777217]), 16777217.0),
+        (3, torch.tensor([1, 3, 5])),
+        (3.5, torch.tensor([1, 3, 5])),
+        (300, torch.tensor([44], dtype=torch.int8)),
+    ]
+    for backend in ["torch", *TRITON_BACKENDS]:
+        for e, t in cases:
+            expected = torch.isin(e, t)
+            try:
+                got = ops.isin(e, t, backend=backend)
+            except BackendError:
+                assert backend == "bitmap"
+                continue
+            assert got.shape == expected.shape and torch.equal(got, expected), (backend, e, t)
+
+
+def test_auto_matches_torch_and_keeps_shape(cpu_triton):
+    elements = torch.randint(0, 50, (4, 5, 6))
+    test = torch.randint(0, 50, (7, 2))
+    got = ops.isin(elements, test)
+    assert got.shape == (4, 5, 6) and torch.equal(got, torch.isin(elements, test))
+    assert torch.equal(ops.isin(elements, test, invert=True), torch.isin(elements, test, invert=True))
+
+
+def test_runs_on_cpu_without_interpreter(monkeypatch):
+    """Without the interpreter, CPU tensors go to torch; Triton backends explain why they can't."""
+    monkeypatch.setattr(opselect.dispatch.device, "INTERPRETED", False)
+    a, b = torch.tensor([1, 2, 3]), torch.tensor([2])
+    d = opselect.explain("isin", a, b, show=False)
+    assert d.choice == "torch" and d.source == "only candidate"
+    assert "CUDA" in d.candidate("hash").verdict
+    assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    assert opselect.explain("isin", a, b, show=False).source == "memo"
+    with pytest.raises(BackendError, match="TRITON_INTERPRET=1.*Backends that can: torch"):
+        ops.isin(a, b, backend="hash")
+
+
+def test_bad_inputs():
+    with pytest.raises(UnsupportedDType, match="bool"):
+        ops.isin(torch.tensor([True]), torch.tensor([True]))
+    with pytest.raises(UnsupportedDType, match="complex64"):
+        ops.isin(torch.ones(2, dtype=torch.complex64), torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(UnsupportedDType, match="uint16"):
+        ops.isin(torch.ones(2, dtype=torch.uint16), torch.ones(2, dtype=torch.uint16))
+    with pytest.raises(UnsupportedDType, match="test_elements is a bool"):
+        ops.isin(torch.tensor([1, 2]), True)
+    with pytest.raises(InvalidArgument, match="at least one of elements and test_elements"):
+        ops.isin(2, 3)
+    with pytest.raises(InvalidArgument, match="Python number"):
+        ops.isin(torch.tensor([1]), "a")
+    with pytest.raises(InvalidArgument, match="same device"):
+        ops.isin(torch.ones(2, device="meta"), torch.ones(2))
+    with pytest.raises(InvalidArgument, match="out must have dtype torch.bool"):
+        ops.isin(torch.ones(2), torch.ones(2), out=torch.empty(2))
+    # torch's error types still catch ours
+    with pytest.raises(RuntimeError):
+        ops.isin(torch.tensor([True]), torch.tensor([True]))
+    with pytest.raises(ValueError, match="unknown backend 'nope'; valid names: auto, torch, compare"):
+        ops.isin(torch.ones(2), torch.ones(2), backend="nope")
+
+
+def test_forced_backend_that_cannot(cpu_triton):
+    with pytest.raises(BackendError) as info:
+        ops.isin(torch.ones(3), torch.ones(2), backend="bitmap")
+    msg = str(info.value)
+    assert "integer dtypes only" in msg and "Backends that can: torch, compare, search, hash" in msg
+    with pytest.raises(BackendError, match="compare is for at most"):
+        ops.isin(torch.ones(3), torch.ones(70000), backend="compare")
+
+
+def test_out_resized_like_torch(cpu_triton):
+    out = torch.empty(0, dtype=torch.bool)
+    got = ops.isin(torch.tensor([[1, 2], [3, 4]]), torch.tensor([4]), out=out, backend="hash")
+    assert got is out and out.shape == (2, 2) and out.tolist() == [[False, False], [False, True]]
+    with pytest.warns(UserWarning, match="resizing"):
+        ops.isin(torch.tensor([1, 2, 3]), torch.tensor([4]), out=torch.empty(5, dtype=torch.bool))
+    # a non-contiguous out is written through a temporary
+    big = torch.zeros(4, 2, dtype=torch.bool)
+    out = big[:, 0]
+    ops.isin(torch.tensor([1, 2, 3, 4]), torch.tensor([2, 4]), out=out, backend="search")
+    assert big.tolist() == [[False, False], [True, False], [False, False], [True, False]]
+
+
+# ------------------------------------------------------------------------------------------------
+# The same on the GPU, at real sizes
+# ------------------------------------------------------------------------------------------------
+GPU_SIZES = [(1 << 20, 16), (3_000_001, 1000), (1 << 22, 1 << 16), (1 << 20, 3_000_000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", *TRITON_BACKENDS])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.int16,
+                                   torch.bfloat16, torch.float64, torch.uint8], ids=str)
+def test_gpu_random(cuda, backend, dtype):
+    if not supports(backend, dtype):
+        pytest.skip("integers only")
+    gen = torch.Generator().manual_seed(1)
+    for m, n in GPU_SIZES:
+        if backend == "compare" and n > 4096:
+            continue
+        for narrow in (True, False):
+            lo, hi = (0, 2 * n) if narrow else (None, None)
+            test = random_values(n, dtype, "cpu", lo=lo, hi=hi, gen=gen).to(cuda)
+            elements = random_values(m, dtype, "cpu", lo=lo, hi=hi, gen=gen).to(cuda)
+            elements[: m // 2] = test[torch.randint(0, n, (m // 2,), generator=gen).to(cuda)]
+            check(elements, test, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_gpu_edges(cuda, backend):
+    nan, inf = float("nan"), float("inf")
+    if backend != "bitmap":
+        for dtype in FLOAT_DTYPES:
+            e = torch.tensor([nan, -0.0, 0.0, inf, -inf, 1.5, 2.0] * 1000, dtype=dtype, device=cuda)
+            check(e, torch.tensor([nan, 0.0, inf, 1.5], dtype=dtype, device=cuda), backend)
+    for dtype in INT_DTYPES:
+        info = torch.iinfo(dtype)
+        e = torch.tensor([info.min, info.max, 0, 1] * 1000, dtype=dtype, device=cuda)
+        check(e, torch.tensor([info.min, 1], dtype=dtype, device=cuda), backend)
+    base = torch.arange(1 << 16, device=cuda, dtype=torch.int32).reshape(256, 256)
+    check(base.t(), torch.tensor([5, 70000, 255], device=cuda, dtype=torch.int32), backend)
+    check(torch.empty(0, device=cuda, dtype=torch.int32), base, backend)
+
+
+@pytest.mark.gpu
+def test_gpu_devices_like_torch(cuda):
+    """A 0-d CPU tensor next to a CUDA tensor, and truly mixed devices: do what torch does."""
+    a = torch.arange(10, device=cuda)
+    for other in (torch.tensor(3), torch.tensor([3])):
+        try:
+            expected = torch.isin(a, other)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                ops.isin(a, other)
+        else:
+            assert torch.equal(ops.isin(a, other), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_gpu_more_than_2_31_elements(cuda, backend):
+    free, _ = torch.cuda.mem_get_info()
+    m = 2**31 + 4097
+    if free < 3 * m + (1 << 30):
+        pytest.skip("not enough GPU memory")
+    elements = torch.empty(m, dtype=torch.int8, device=cuda)
+    elements[: 1 << 20].random_(-128, 127)
+    elements[1 << 20:] = 5
+    elements[-3:] = torch.tensor([7, -3, 5], dtype=torch.int8, device=cuda)
+    test = torch.tensor([7, -100], dtype=torch.int8, device=cuda)
+    out = torch.ones(m, dtype=torch.bool, device=cuda)  # poison: every element should be False
+    ops.isin(elements, test, out=out, backend=backend)
+    assert out[-3:].tolist() == [True, False, False]
+    assert int(out[1 << 20: -3].sum()) == 0
+    assert torch.equal(out[: 1 << 20], torch.isin(elements[: 1 << 20], test))
+    del elements, out
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_gpu_auto_and_tuning(cuda):
+    a = torch.randint(0, 10**6, (1 << 22,), device=cuda)
+    b = torch.randint(0, 10**6, (5000,), device=cuda)
+    assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    with opselect.tuning():
+        assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    d = opselect.explain("isin", a, b, show=False)
+    assert d.source == "memo" and all(
+        c.measured_s is not None and math.isfinite(c.measured_s) for c in d.candidates if c.supported)
