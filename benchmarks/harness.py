@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=float, default=60.0, help="do_bench rep time per provider")
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
     p.add_argument("--providers", default="", help="comma list: only these providers")
+    p.add_argument("--configs", action="store_true",
+                   help="also time every config of every backend (providers named backend#i)")
     return p.parse_args(argv)
 
 
@@ -153,6 +155,10 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
         for b in op.backends[1:]:
             if wanted(b.name) and b.supports(call) is None:
                 providers[b.name] = (lambda name: lambda: public(*a, backend=name, **kw))(b.name)
+                if args.configs:
+                    for i, cfg in enumerate(b.configs(call)):
+                        providers[f"{b.name}#{i}"] = (lambda b, cfg: lambda: b.run(call, cfg))(b, cfg)
+                    row.setdefault("configs", {})[b.name] = b.configs(call)
         for peer, fn in suite.peers.items():
             if wanted(peer):
                 providers[peer] = (lambda f: lambda: f(*a, **kw))(fn)

@@ -317,8 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     im.set_defaults(fn=cmd_import)
 
     d = sub.add_parser("demo", help="a short tour: automatic choice, forcing, explain, tuning",
-                       description="Runs on a GPU, or on the CPU through Triton's interpreter "
-                                   "(TRITON_INTERPRET=1).")
+                       description="A short tour of automatic selection: the choice for a call and "
+                                   "why (explain), a forced backend, a backend that cannot take a "
+                                   "call, tuning mode, and what the cost model would pick on an "
+                                   "H200. Runs on a GPU, or on the CPU through Triton's "
+                                   "interpreter (TRITON_INTERPRET=1).")
     d.set_defaults(fn=cmd_demo)
     return p
 

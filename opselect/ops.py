@@ -25,8 +25,9 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
     promoted as torch does; NaN is never a member and -0.0 equals 0.0.
 
     Backends: torch, compare, search, hash, bitmap (see opselect.kernels.isin)."""
-    return _isin.OP(elements, test_elements, assume_unique=assume_unique, invert=invert, out=out,
-                    backend=backend)
+    call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert,
+                         out=out)
+    return _isin.OP.run(call, backend)
 
 
 def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True,

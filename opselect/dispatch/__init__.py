@@ -5,7 +5,7 @@ from .decision import Candidate, Decision
 from .device import INTERPRETED, DeviceInfo, device_info
 from .op import Call, Choice, Op, all_ops, get_op, register
 from .signature import bucket
-from .tuning import measure, tuning
+from .tuning_mode import measure, tuning
 
 __all__ = ["Backend", "Call", "Candidate", "Choice", "Decision", "DeviceInfo", "Estimate",
            "INTERPRETED", "Op", "TorchBackend", "all_ops", "bucket", "device_info", "get_op",

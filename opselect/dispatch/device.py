@@ -42,14 +42,14 @@ class DeviceInfo:
         return f"{self.name}|sm_{major}{minor}|{self.sm_count}sm"
 
 
-_infos: dict[tuple[str, int | None], DeviceInfo] = {}
+_infos: dict[torch.device, DeviceInfo] = {}
 
 
 def device_info(device: torch.device) -> DeviceInfo:
-    key = (device.type, device.index)
-    info = _infos.get(key)
+    """Keyed by the device object itself (a tensor's .device): one dict lookup per call."""
+    info = _infos.get(device)
     if info is None:
-        info = _infos[key] = _read_device(device)
+        info = _infos[device] = _read_device(device)
     return info
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import BackendError
-from . import tuning as _tuning
+from . import tuning_mode as _tuning
 from .backend import Backend
 from .decision import Candidate, Decision
 from .device import DeviceInfo
@@ -25,8 +25,8 @@ AUTO = ("auto", None)
 class Call:
     """A prepared call: arguments normalised as torch does, plus what selection needs.
 
-    `key` identifies the decision: (device index or type, dtypes..., shape buckets..., flags...).
-    Its first element names the device in this process only; the tune cache stores key[1:] under the
+    `key` identifies the decision: (torch.device, dtypes..., shape buckets..., flags...). Its
+    first element names the device in this process only; the tune cache stores key[1:] under the
     device's hardware identity instead.
     """
 
@@ -69,7 +69,11 @@ class Op:
 
     # -- the call -------------------------------------------------------------------------------
     def __call__(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
-        call = self.prepare(*args, **kwargs)
+        return self.run(self.prepare(*args, **kwargs), backend)
+
+    def run(self, call: Call, backend: str | None = None) -> Any:
+        """Dispatch a prepared call. The public functions in ops.py call prepare() themselves and
+        then this, which saves repacking their keyword arguments on every call."""
         if backend is None or backend == "auto":
             choice = self._memo.get(call.key)
             if choice is None or (choice.provisional and _tuning.state.active):

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..dispatch.device import device_info
-from ..dispatch.tuning import measure
+from ..dispatch.tuning_mode import measure
 from .device_model import DeviceModel, defaults_for, forget_models, with_calibration
 
 
@@ -60,6 +60,19 @@ def _time(fn: Callable[[], Any], device: torch.device) -> float:
     return measure(fn, device, budget_ms=100.0)
 
 
+def _host_time(fn: Callable[[], Any], device: torch.device, calls: int = 300) -> float:
+    """Host seconds per call of fn, queueing work without waiting for it (the launch cost)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    return elapsed / calls
+
+
 def measure_constants(device: torch.device, log: Callable[[str], None] = print) -> dict[str, float]:
     c: dict[str, float] = {}
     n = 1 << 28  # 256 MiB copies: far past L2
@@ -77,7 +90,8 @@ def measure_constants(device: torch.device, log: Callable[[str], None] = print) 
     log(f"  bandwidth {c['bandwidth'] / 1e9:.0f} GB/s")
 
     x = torch.empty(1, device=device)
-    c["launch"] = _time(lambda: _noop_kernel[(1,)](x), device)
+    c["launch"] = _host_time(lambda: _noop_kernel[(1,)](x), device)
+    c["torch_launch"] = _host_time(lambda: x.add_(1), device)
     one = torch.ones(1, device=device)
     for _ in range(10):
         one.item()
@@ -85,7 +99,8 @@ def measure_constants(device: torch.device, log: Callable[[str], None] = print) 
     for _ in range(200):
         (one + 1).item()
     c["sync"] = (time.perf_counter() - t0) / 200
-    log(f"  launch {c['launch'] * 1e6:.1f} us, sync {c['sync'] * 1e6:.1f} us")
+    log(f"  launch: Triton {c['launch'] * 1e6:.1f} us, torch {c['torch_launch'] * 1e6:.1f} us; "
+        f"sync {c['sync'] * 1e6:.1f} us")
 
     m = 1 << 24
     out = torch.empty(m, dtype=torch.int32, device=device)

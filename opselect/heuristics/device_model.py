@@ -4,7 +4,8 @@ Every constant is a throughput or a latency measured the way the cost functions 
 
     bandwidth        bytes/s a large device-to-device copy moves, counting read + write
     l2_bandwidth     bytes/s of streaming traffic that stays in L2
-    launch           seconds one kernel launch adds to a call (host + device)
+    launch           host seconds one Triton kernel launch costs (Python launcher + driver)
+    torch_launch     host seconds one ATen op costs (its dispatcher + driver)
     sync             seconds one host<->device synchronisation adds (a .item() on idle stream)
     gather_l2        seconds per random 4-8 byte load served by L2, whole chip (a throughput)
     gather_dram      seconds per random load that misses L2 (one DRAM sector each)
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field, fields, replace
 from ..dispatch.backend import Estimate
 from ..dispatch.device import DeviceInfo
 
-CONSTANT_NAMES = ("bandwidth", "l2_bandwidth", "launch", "sync", "gather_l2", "gather_dram",
-                  "gather_smem", "atomic", "compare", "sort_per_byte", "sort_fixed")
+CONSTANT_NAMES = ("bandwidth", "l2_bandwidth", "launch", "torch_launch", "sync", "gather_l2",
+                  "gather_dram", "gather_smem", "atomic", "compare", "sort_per_byte", "sort_fixed")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class DeviceModel:
     bandwidth: float
     l2_bandwidth: float
     launch: float
+    torch_launch: float
     sync: float
     gather_l2: float
     gather_dram: float
@@ -75,9 +77,15 @@ class DeviceModel:
 
     def estimate(self, op: str, backend: str, *, triton: bool, notes: tuple[str, ...] = (),
                  **parts: float) -> Estimate:
-        """Sum the parts, then apply the calibrated correction of this backend and, for Triton
-        kernels run by the interpreter, the interpreter's slowdown."""
-        est = Estimate.of(notes, **parts)
+        """Combine the parts, then apply the calibrated correction of this backend and, for
+        Triton kernels run by the interpreter, the interpreter's slowdown.
+
+        The part named `launch` is host time; the host queues work while the device runs, so a
+        call takes the longer of the two, not their sum (small calls are launch-bound, large ones
+        device-bound)."""
+        host = parts.get("launch", 0.0)
+        device = sum(v for k, v in parts.items() if k != "launch")
+        est = Estimate(max(host, device), dict(parts), notes)
         scale = self.scales.get(f"{op}/{backend}", 1.0)
         if triton and self.triton_slowdown != 1.0:
             scale *= self.triton_slowdown
@@ -91,16 +99,16 @@ class DeviceModel:
 # Defaults from datasheets and one measurement each on this workplace's machines (see
 # benchmarks/results/): used until `opselect calibrate` replaces them.
 _HOPPER = dict(
-    smem_bytes=227 * 1024, launch=4e-6, sync=12e-6, gather_smem=1.0 / 1.5e12, atomic=1.0 / 2.5e10,
-    compare=1.0 / 4e13, sort_fixed=25e-6,
+    smem_bytes=227 * 1024, launch=25e-6, torch_launch=6e-6, sync=15e-6, gather_smem=1.0 / 1.5e12,
+    atomic=1.0 / 2.5e10, compare=1.0 / 4e13, sort_fixed=25e-6,
 )
 _KNOWN = {
     "H200": dict(_HOPPER, bandwidth=4.3e12, l2_bandwidth=9e12, gather_l2=1.0 / 1.6e11,
                  gather_dram=1.0 / 5e10, sort_per_byte=1.0 / 3.2e12),
     "H100": dict(_HOPPER, bandwidth=3.0e12, l2_bandwidth=8e12, gather_l2=1.0 / 1.6e11,
                  gather_dram=1.0 / 3.8e10, sort_per_byte=1.0 / 2.4e12),
-    "A100": dict(smem_bytes=163 * 1024, launch=5e-6, sync=15e-6, gather_smem=1.0 / 8e11,
-                 atomic=1.0 / 1.5e10, compare=1.0 / 2e13, sort_fixed=30e-6, bandwidth=1.6e12,
+    "A100": dict(smem_bytes=163 * 1024, launch=25e-6, torch_launch=6e-6, sync=15e-6,
+                 gather_smem=1.0 / 8e11, atomic=1.0 / 1.5e10, compare=1.0 / 2e13, sort_fixed=30e-6, bandwidth=1.6e12,
                  l2_bandwidth=4e12, gather_l2=1.0 / 8e10, gather_dram=1.0 / 2.5e10,
                  sort_per_byte=1.0 / 1.3e12),
 }
@@ -112,11 +120,11 @@ def defaults_for(info: DeviceInfo) -> DeviceModel:
         # about a thousand times slower than a GPU would be, so auto picks torch there.
         return DeviceModel(
             name=info.cache_key, sm_count=info.sm_count, l2_bytes=info.l2_bytes, smem_bytes=1 << 16,
-            bandwidth=8e9, l2_bandwidth=3e10, launch=2e-6, sync=0.0, gather_l2=1 / 5e8,
-            gather_dram=1 / 1e8, gather_smem=1 / 1e9, atomic=1 / 1e8, compare=1 / 4e9,
+            bandwidth=8e9, l2_bandwidth=3e10, launch=2e-6, torch_launch=2e-6, sync=0.0,
+            gather_l2=1 / 5e8, gather_dram=1 / 1e8, gather_smem=1 / 1e9, atomic=1 / 1e8, compare=1 / 4e9,
             sort_per_byte=1 / 2e9, sort_fixed=5e-6, triton_slowdown=1e3)
     for tag, consts in _KNOWN.items():
-        if tag in info.name:
+        if tag in info.name.upper():
             return DeviceModel(name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes,
                                **consts)
     # An unknown GPU: scale an H100's figures by its SM count; calibrate to do better.

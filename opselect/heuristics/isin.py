@@ -19,21 +19,22 @@ def _stream(call, model) -> float:
 def torch_(call, model):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     if m == 0 or n == 0:
-        return model.estimate(OP, "torch", triton=False, launch=model.launch)
+        return model.estimate(OP, "torch", triton=False, launch=model.torch_launch)
     # ATen's rule (from numpy): a brute-force loop when N < 10 * M**0.145, sorting otherwise.
     if n < 10.0 * m ** 0.145:
         # One elementwise pass over the elements per test element.
-        return model.estimate(OP, "torch", triton=False, launch=n * model.launch,
+        return model.estimate(OP, "torch", triton=False, launch=(n + 2) * model.torch_launch,
                               memory=n * model.stream(m * (s + 2)))
     # unique(elements, return_inverse) and unique(test) (each a sort with indices), then a sort of
     # both with indices and a scatter back to the elements' order: about four sorts of M + N.
     sorts = 2 * model.sort(m, s, 8) + model.sort(n, s, 0) + model.sort(m + n, s, 8)
-    return model.estimate(OP, "torch", triton=False, sorts=sorts, launch=12 * model.launch,
+    return model.estimate(OP, "torch", triton=False, sorts=sorts, launch=25 * model.torch_launch,
                           memory=model.stream(m * (s + 1 + 16)))
 
 
 def compare(call, model):
-    return model.estimate(OP, "compare", triton=True, launch=model.launch, memory=_stream(call, model),
+    return model.estimate(OP, "compare", triton=True, launch=model.launch + model.torch_launch,
+                          memory=_stream(call, model),
                           compares=call.m * max(call.n, 16) * model.compare)
 
 
@@ -43,28 +44,29 @@ def search(call, model):
     # The top ~10 levels of the implicit search tree are shared by all lanes and stay in L1.
     cached = min(steps, 10)
     lookups = m * cached * model.gather_smem + model.gather(m * (steps - cached), n * s)
-    return model.estimate(OP, "search", triton=True, sort=model.sort(n, s), launch=2 * model.launch,
+    return model.estimate(OP, "search", triton=True, sort=model.sort(n, s),
+                          launch=model.launch + 2 * model.torch_launch,
                           memory=_stream(call, model), lookups=lookups)
 
 
-def table_bytes(call) -> int:
+def table_bytes(call, slots_per_key: int = 4) -> int:
     key_bytes = 8 if call.elements.dtype.itemsize == 8 else 4
-    return (1 << max(4, (2 * call.n - 1).bit_length())) * key_bytes
+    return (1 << max(4, (slots_per_key * call.n - 1).bit_length())) * key_bytes
 
 
 def hash_(call, model, *, local_table_bytes: int):
     m, n = call.m, call.n
     t_bytes = table_bytes(call)
     local = t_bytes <= local_table_bytes
-    # Linear probing at load factor 1/4..1/2: about 1.5 lookups per element on average, but a block
-    # waits for its longest probe; 2 is the observed average per element.
+    # Linear probing at load factor 1/8..1/4: about 1.2 lookups per element on average, but a
+    # block waits for its longest probe; 2 per element is the planning figure.
     probes = 2.0 * (model.gather(m, 0, on_chip=True) if local else model.gather(m, t_bytes))
     if local:
         # Each program copies the table on chip before its blocks.
         programs = max(1, m // 8192)
         probes += model.stream(min(programs, 4 * model.sm_count) * t_bytes) * 0.25
-    build = model.stream(t_bytes) + n * model.atomic + model.launch
-    return model.estimate(OP, "hash", triton=True, launch=2 * model.launch,
+    build = model.stream(t_bytes) + n * model.atomic
+    return model.estimate(OP, "hash", triton=True, launch=2 * model.launch + 3 * model.torch_launch,
                           memory=_stream(call, model), build=build, probes=probes)
 
 
@@ -72,7 +74,7 @@ def bitmap(call, model, *, cap_bits: int, local_bytes: int):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     bit_bytes = cap_bits / 8
     local = bit_bytes <= local_bytes
-    parts = dict(launch=3 * model.launch, memory=_stream(call, model),
+    parts = dict(launch=4 * model.launch + 5 * model.torch_launch, memory=_stream(call, model),
                  setup=model.stream(bit_bytes) + n * model.atomic)
     narrow = 1.2 * model.gather(m, 0, on_chip=True) if local else model.gather(m, bit_bytes)
     if s <= 2:  # 8/16-bit integers: the whole range always fits
@@ -81,7 +83,7 @@ def bitmap(call, model, *, cap_bits: int, local_bytes: int):
     # With even odds of a narrow range (bitmap) and a wide one (the hash set's probes), the
     # expected cost is the mean; tuning measures the real data.
     wide = hash_(call, model, local_table_bytes=local_bytes).parts["probes"]
-    parts.update(minmax=model.stream(n * s) + model.launch, probes=0.5 * (narrow + wide))
+    parts.update(minmax=model.stream(n * s), probes=0.5 * (narrow + wide))
     notes = ("bitmap or hash set, decided on the device from the value range (no host sync)",
              "the model assumes even odds of a narrow range")
     return model.estimate(OP, "bitmap", triton=True, notes=notes, **parts)

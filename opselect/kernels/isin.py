@@ -68,47 +68,47 @@ def _to_key(v, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr):
             v = v.to(tl.int32, bitcast=True)
         else:
             v = v.to(tl.int64, bitcast=True)
+    # One return statement: the compiler rejects returns of different types in constexpr
+    # branches (the interpreter does not).
     if KEY_BITS == 32:
-        return v.to(tl.int32)
-    return v.to(tl.int64)
+        key = v.to(tl.int32)
+    else:
+        key = v.to(tl.int64)
+    return key
 
 
 @triton.jit
-def _hash(key, LOG_T: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Multiplicative (Fibonacci) hashing: the top LOG_T bits of key * 2^32/phi (mod 2^32)."""
+def _hash(key, log_t, KEY_BITS: tl.constexpr):
+    """Multiplicative (Fibonacci) hashing: the top log_t bits of key * 2^32/phi (mod 2^32)."""
     if KEY_BITS == 64:
         lo = key.to(tl.int32)
         hi = (key >> 32).to(tl.int32)
         key = lo ^ (hi * -2048144789)  # 0x85EBCA6B: mixes the high word in before the multiply
     mixed = (key * -1640531535).to(tl.uint32, bitcast=True)  # 0x9E3779B1 as int32
-    return (mixed >> (32 - LOG_T)).to(tl.int32)
+    return (mixed >> (32 - log_t)).to(tl.int32)
 
 
 @triton.jit
 def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N,
-                    INVERT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    I64: tl.constexpr):
+                    INVERT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    x = _widen_half(tl.load(x_ptr + rows, mask=row_ok))
-    # Accumulate the matches tile by tile and reduce once at the end: one reduction, not N/BLOCK_N.
-    hit = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int1)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        t = _widen_half(tl.load(t_ptr + cols, mask=cols < N))
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < M
+    x = _widen_half(tl.load(x_ptr + offs, mask=ok))
+    found = tl.zeros([BLOCK], dtype=tl.int1)
+    # Each test element is one scalar load, the same address for every lane (a broadcast from
+    # L1), then one compare and one or per element: for small N the kernel streams at memory speed.
+    for j in range(0, N):
         # == is IEEE equality: NaN matches nothing, -0.0 matches 0.0, as torch.isin.
-        hit = hit | ((x[:, None] == t[None, :]) & (cols < N)[None, :])
-    found = tl.max(hit.to(tl.int8), axis=1) > 0
-    tl.store(out_ptr + rows, found != INVERT, mask=row_ok)
+        found = found | (x == _widen_half(tl.load(t_ptr + j)))
+    tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
 @triton.jit
 def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
-                   STEPS: tl.constexpr, INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                   I64: tl.constexpr):
+                   INVERT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
@@ -116,11 +116,12 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
     ok = offs < M
     x = _widen_half(tl.load(x_ptr + offs, mask=ok))
     # Branchless lower bound: the window [base, base + n) halves each step for every lane alike,
-    # so the loop has a fixed trip count (STEPS = ceil(log2 N)) and no divergence. The first steps
-    # read the same few addresses from every lane, which stay in L1.
+    # so the loop has the same trip count (ceil(log2 N)) everywhere and no divergence; N is not a
+    # compile-time constant, so one compiled kernel serves every size. The first steps read the
+    # same few addresses from every lane, which stay in L1.
     base = tl.zeros([BLOCK], dtype=tl.int64 if I64 else tl.int32)
     n = N
-    for _ in tl.static_range(STEPS):
+    while n > 1:
         half = n // 2
         probe = _widen_half(tl.load(sorted_ptr + base + half))
         base = tl.where(probe < x, base + half, base)
@@ -134,9 +135,9 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
 
 
 @triton.jit
-def _hash_insert(table_ptr, flag_ptr, v, ok, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr,
-                 LOG_T: tl.constexpr):
-    """Insert the values v (where ok) into the linear-probing table of 2**LOG_T keys."""
+def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
+                 KEY_BITS: tl.constexpr):
+    """Insert the values v (where ok) into the linear-probing table of 2**log_t keys."""
     v = _widen_half(v)
     key = _to_key(v, IS_FLOAT, KEY_BITS)
     empty = tl.full(key.shape, -(1 << (KEY_BITS - 1)), key.dtype)
@@ -145,25 +146,25 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, IS_FLOAT: tl.constexpr, KEY_BITS: t
     tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.full(key.shape, 1, tl.int8),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & (v == v)  # NaN is never a member
-    slot = _hash(key, LOG_T, KEY_BITS)
+    slot = _hash(key, log_t, KEY_BITS)
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         # atomic_cas has no mask: lanes already done swap their key for itself, which changes
         # nothing, so every lane can take part in every round.
         old = tl.atomic_cas(table_ptr + slot, tl.where(todo, empty, key), key, sem="relaxed")
         todo = todo & (old != empty) & (old != key)
-        slot = tl.where(todo, (slot + 1) & ((1 << LOG_T) - 1), slot)
+        slot = tl.where(todo, (slot + 1) & ((1 << log_t) - 1), slot)
 
 
 @triton.jit
-def _hash_lookup(table_ptr, table, has_empty_key, v, ok, IS_FLOAT: tl.constexpr,
-                 KEY_BITS: tl.constexpr, LOG_T: tl.constexpr, LOCAL: tl.constexpr):
+def _hash_lookup(table_ptr, table, has_empty_key, v, ok, log_t, IS_FLOAT: tl.constexpr,
+                 KEY_BITS: tl.constexpr, LOCAL: tl.constexpr):
     """Membership of the values v in the table; `table` is its on-chip copy when LOCAL."""
     v = _widen_half(v)
     key = _to_key(v, IS_FLOAT, KEY_BITS)
     empty = tl.full(key.shape, -(1 << (KEY_BITS - 1)), key.dtype)
     found = (key == empty) & has_empty_key
     todo = ok & (key != empty)
-    slot = _hash(key, LOG_T, KEY_BITS)
+    slot = _hash(key, log_t, KEY_BITS)
     # Linear probing ends at the key (a hit) or an empty slot (a miss); the block stops when its
     # longest probe does.
     while tl.max(todo.to(tl.int32), axis=0) > 0:
@@ -174,40 +175,40 @@ def _hash_lookup(table_ptr, table, has_empty_key, v, ok, IS_FLOAT: tl.constexpr,
         hit = todo & (seen == key)
         found = found | hit
         todo = todo & ~hit & (seen != empty)
-        slot = (slot + 1) & ((1 << LOG_T) - 1)
+        slot = (slot + 1) & ((1 << log_t) - 1)
     return found & (v == v)
 
 
 @triton.jit
-def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N,
-                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, LOG_T: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N, log_t,
+                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    _hash_insert(table_ptr, flag_ptr, v, ok, IS_FLOAT, KEY_BITS, LOG_T)
+    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT, KEY_BITS)
 
 
 @triton.jit
-def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M,
-                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, LOG_T: tl.constexpr,
-                       LOCAL: tl.constexpr, INVERT: tl.constexpr, BLOCK: tl.constexpr,
+def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
+                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, LOCAL_SLOTS: tl.constexpr,
+                       INVERT: tl.constexpr, BLOCK: tl.constexpr,
                        BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
+    """LOCAL_SLOTS > 0: the table has that many slots (2**log_t) and is copied on chip."""
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
     has_empty_key = tl.load(flag_ptr) != 0
     table = 0
-    if LOCAL:
+    if LOCAL_SLOTS > 0:
         # Small tables are held by the program itself: lookups become on-chip gathers, and the
         # copy is paid once for BLOCKS_PER_PROGRAM blocks.
-        table = tl.load(table_ptr + tl.arange(0, 1 << LOG_T))
+        table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
     for i in range(BLOCKS_PER_PROGRAM):
         offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < M
         v = tl.load(x_ptr + offs, mask=ok, other=0)
-        found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, IS_FLOAT, KEY_BITS, LOG_T,
-                             LOCAL)
+        found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, log_t, IS_FLOAT, KEY_BITS,
+                             LOCAL_SLOTS > 0)
         tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
@@ -230,9 +231,9 @@ def _minmax_partials_kernel(t_ptr, part_ptr, N, BLOCK: tl.constexpr, PER_PROGRAM
 
 
 @triton.jit
-def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, WORDS, T,
-                         CAP_BITS: tl.constexpr, FULL_RANGE_LO, FULL_RANGE: tl.constexpr,
-                         KEY_BITS: tl.constexpr, P_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits, T,
+                         FULL_RANGE_LO, FULL_RANGE: tl.constexpr, KEY_BITS: tl.constexpr,
+                         P_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
     """Every program reduces the partial min/max itself (P is small), so no extra launch is
     needed; then it clears its share of the bitmap, or fills its share of the hash table."""
     pid = tl.program_id(0)
@@ -246,56 +247,56 @@ def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, WORDS, T,
         hi = tl.max(tl.load(part_ptr + 2 * idx + 1, mask=idx < P, other=-0x7FFFFFFFFFFFFFFF - 1),
                     axis=0)
         span = hi - lo  # wraps negative only when the range exceeds 2**63: then it does not fit
-        fits = (span >= 0) & (span < CAP_BITS)
+        fits = (span >= 0) & (span < cap_bits)
     if pid == 0:
         tl.store(params_ptr, lo)
         tl.store(params_ptr + 1, fits.to(tl.int64))
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     if fits:
-        tl.store(bits_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < WORDS)
+        tl.store(bits_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < cap_bits // 32)
     else:
         tl.store(table_ptr + offs, tl.full([BLOCK], -(1 << (KEY_BITS - 1)), table_ptr.dtype.element_ty),
                  mask=offs < T)
 
 
 @triton.jit
-def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N,
-                         CAP_BITS: tl.constexpr, KEY_BITS: tl.constexpr, LOG_T: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, cap_bits, log_t,
+                         KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
     if tl.load(params_ptr + 1) != 0:
         rel = v.to(tl.int64) - tl.load(params_ptr)
-        ok = ok & (rel >= 0) & (rel < CAP_BITS)
+        ok = ok & (rel >= 0) & (rel < cap_bits)
         word = (rel >> 5).to(tl.int32)
         bit = (rel & 31).to(tl.int32)
         tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
     else:
-        _hash_insert(table_ptr, flag_ptr, v, ok, False, KEY_BITS, LOG_T)
+        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, False, KEY_BITS)
 
 
 @triton.jit
-def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_ptr, M,
-                         CAP_BITS: tl.constexpr, KEY_BITS: tl.constexpr, LOG_T: tl.constexpr,
-                         LOCAL_BITS: tl.constexpr, LOCAL_TABLE: tl.constexpr,
-                         INVERT: tl.constexpr, BLOCK: tl.constexpr,
+def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_ptr, M, cap_bits,
+                         log_t, KEY_BITS: tl.constexpr, LOCAL_WORDS: tl.constexpr,
+                         LOCAL_SLOTS: tl.constexpr, INVERT: tl.constexpr, BLOCK: tl.constexpr,
                          BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
+    """LOCAL_WORDS > 0: the bitmap (that many words) is copied on chip; LOCAL_SLOTS > 0: the
+    hash table (that many slots) is, should the data need it."""
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
     lo = tl.load(params_ptr)
     if tl.load(params_ptr + 1) != 0:
         words = 0
-        if LOCAL_BITS:
-            words = tl.load(bits_ptr + tl.arange(0, CAP_BITS // 32))
+        if LOCAL_WORDS > 0:
+            words = tl.load(bits_ptr + tl.arange(0, LOCAL_WORDS))
         for i in range(BLOCKS_PER_PROGRAM):
             offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
             ok = offs < M
             rel = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64) - lo
-            inside = ok & (rel >= 0) & (rel < CAP_BITS)
+            inside = ok & (rel >= 0) & (rel < cap_bits)
             w_idx = tl.where(inside, rel >> 5, 0).to(tl.int32)
-            if LOCAL_BITS:
+            if LOCAL_WORDS > 0:
                 word = tl.gather(words, w_idx, 0)
             else:
                 word = tl.load(bits_ptr + w_idx, mask=inside, other=0)
@@ -304,14 +305,14 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_p
     else:
         has_empty_key = tl.load(flag_ptr) != 0
         table = 0
-        if LOCAL_TABLE:
-            table = tl.load(table_ptr + tl.arange(0, 1 << LOG_T))
+        if LOCAL_SLOTS > 0:
+            table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
         for i in range(BLOCKS_PER_PROGRAM):
             offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
             ok = offs < M
             v = tl.load(x_ptr + offs, mask=ok, other=0)
-            found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, False, KEY_BITS, LOG_T,
-                                 LOCAL_TABLE)
+            found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, log_t, False, KEY_BITS,
+                                 LOCAL_SLOTS > 0)
             tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
@@ -340,6 +341,30 @@ def _as_tensor(value, name: str, dtype: torch.dtype, device: torch.device) -> to
 
 def prepare(elements, test_elements, *, assume_unique: bool = False, invert: bool = False,
             out: torch.Tensor | None = None) -> IsinCall:
+    # The common case (two tensors of one supported dtype on one device) takes a handful of
+    # attribute reads; everything else goes through _normalise.
+    if (type(elements) is not torch.Tensor or type(test_elements) is not torch.Tensor
+            or test_elements.dtype is not elements.dtype or elements.dtype not in _SUPPORTED
+            or test_elements.device != elements.device):
+        elements, test_elements = _normalise(elements, test_elements)
+    dev = elements.device
+    if out is not None:
+        _check_out(out, elements)
+    call = IsinCall()
+    call.elements, call.test, call.out = elements, test_elements, out
+    invert, assume_unique = bool(invert), bool(assume_unique)
+    m, n = elements.numel(), test_elements.numel()
+    call.invert, call.assume_unique, call.m, call.n = invert, assume_unique, m, n
+    call.info = device_info(dev)
+    call.key = (dev, elements.dtype, bucket(m), bucket(n), invert, assume_unique)
+    return call
+
+
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+
+
+def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.isin's rules: Python numbers, dtype promotion, devices, accepted dtypes."""
     e_is_t = isinstance(elements, torch.Tensor)
     t_is_t = isinstance(test_elements, torch.Tensor)
     if e_is_t and t_is_t:
@@ -351,8 +376,6 @@ def prepare(elements, test_elements, *, assume_unique: bool = False, invert: boo
     elif e_is_t or t_is_t:
         ref = elements if e_is_t else test_elements
         other = test_elements if e_is_t else elements
-        if isinstance(other, torch.Tensor):  # pragma: no cover - excluded above
-            raise AssertionError
         if isinstance(other, bool) or not isinstance(other, (int, float)):
             _as_tensor(other, "test_elements" if e_is_t else "elements", ref.dtype, ref.device)
         dtype = torch.result_type(ref, other)
@@ -363,8 +386,8 @@ def prepare(elements, test_elements, *, assume_unique: bool = False, invert: boo
     else:
         raise InvalidArgument("isin: at least one of elements and test_elements must be a tensor "
                               f"(got {type(elements).__name__} and {type(test_elements).__name__})")
-    if dtype not in SUPPORTED_DTYPES:
-        bad = "elements" if elements.dtype not in SUPPORTED_DTYPES else "test_elements"
+    if dtype not in _SUPPORTED:
+        bad = "elements" if elements.dtype not in _SUPPORTED else "test_elements"
         raise UnsupportedDType(
             f"isin: {bad} has dtype {elements.dtype if bad == 'elements' else test_elements.dtype} "
             f"(promoted: {dtype}); expected one of "
@@ -373,17 +396,7 @@ def prepare(elements, test_elements, *, assume_unique: bool = False, invert: boo
         elements = elements.to(dtype)
     if test_elements.dtype is not dtype:
         test_elements = test_elements.to(dtype)
-    if out is not None:
-        _check_out(out, elements)
-    call = IsinCall()
-    call.elements, call.test, call.out = elements, test_elements, out
-    call.invert, call.assume_unique = bool(invert), bool(assume_unique)
-    call.m, call.n = elements.numel(), test_elements.numel()
-    dev = elements.device
-    call.info = device_info(dev)
-    call.key = (dev.index if dev.type == "cuda" else dev.type, dtype, bucket(call.m),
-                bucket(call.n), call.invert, call.assume_unique)
-    return call
+    return elements, test_elements
 
 
 def _check_out(out, elements: torch.Tensor) -> None:
@@ -452,7 +465,7 @@ def _key_bits(dtype: torch.dtype) -> int:
 class CompareBackend(Backend):
     name = "compare"
     kernels = (_compare_kernel, _widen_half)
-    MAX_N = 1 << 16  # beyond this the O(M*N) work is never competitive; keep tuning short
+    MAX_N = 4096  # beyond this the O(M * N) work is never competitive; keep tuning short
 
     def supports(self, call: IsinCall) -> str | None:
         if call.n > self.MAX_N:
@@ -460,10 +473,8 @@ class CompareBackend(Backend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        bn = min(64, max(16, next_pow2(call.n)))
-        return [{"BLOCK_M": 128, "BLOCK_N": bn, "num_warps": 4},
-                {"BLOCK_M": 256, "BLOCK_N": bn, "num_warps": 8},
-                {"BLOCK_M": 64, "BLOCK_N": min(128, 2 * bn), "num_warps": 4}]
+        return [{"BLOCK": 2048, "num_warps": 8}, {"BLOCK": 1024, "num_warps": 4},
+                {"BLOCK": 4096, "num_warps": 8}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
         done = _trivial(call)
@@ -471,10 +482,10 @@ class CompareBackend(Backend):
             return done
         x, t = flat(call.elements), flat(call.test)
         out = _output(call)
-        bm = config["BLOCK_M"]
-        _compare_kernel[(cdiv(call.m, bm),)](
-            x, t, out, call.m, call.n, INVERT=call.invert, BLOCK_M=bm, BLOCK_N=config["BLOCK_N"],
-            I64=needs_int64(call.m), num_warps=config["num_warps"])
+        block = config["BLOCK"]
+        _compare_kernel[(cdiv(call.m, block),)](
+            x, t, out, call.m, call.n, INVERT=call.invert, BLOCK=block, I64=needs_int64(call.m),
+            num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
@@ -498,8 +509,7 @@ class SearchBackend(Backend):
         out = _output(call)
         block = config["BLOCK"]
         _search_kernel[(cdiv(call.m, block),)](
-            x, table, out, call.m, call.n, STEPS=max(0, (call.n - 1).bit_length()),
-            INVERT=call.invert, BLOCK=block, I64=needs_int64(call.m, call.n),
+            x, table, out, call.m, call.n, INVERT=call.invert, BLOCK=block, I64=needs_int64(call.m, call.n),
             num_warps=config["num_warps"])
         return _finish(call, out)
 
@@ -507,13 +517,26 @@ class SearchBackend(Backend):
         return cost.search(call, model)
 
 
-def _hash_table_log(n: int) -> int:
-    """log2 of the table size: at least twice the test set (load factor <= 1/2), at least 2**4."""
-    return max(4, (2 * n - 1).bit_length())
+def _hash_table_log(n: int, slots_per_key: int = 4) -> int:
+    """log2 of the table size: at least slots_per_key slots per test element (load factor at most
+    1/slots_per_key: short probe chains, and a block waits for its longest), at least 2**4."""
+    return max(4, (slots_per_key * n - 1).bit_length())
 
 
 def _fits_on_chip(nbytes: int) -> bool:
     return nbytes <= LOCAL_TABLE_BYTES
+
+
+def table_plan(n: int, key_bits: int, local: bool, slots_per_key: int = 4) -> tuple[int, int]:
+    """(log2 of the slots, slots held on chip or 0). On-chip tables come in two sizes only, a
+    quarter of LOCAL_TABLE_BYTES and all of it: the size is a compile-time constant, and a few
+    variants keep compilation rare; a roomier table only shortens the probes."""
+    log_t = _hash_table_log(n, slots_per_key)
+    most = LOCAL_TABLE_BYTES * 8 // key_bits
+    if not local or (1 << log_t) > most:
+        return log_t, 0
+    slots = most // 4 if (1 << log_t) <= most // 4 else most
+    return slots.bit_length() - 1, slots
 
 
 def _blocks_per_program(m: int, block: int, per: int) -> int:
@@ -528,15 +551,17 @@ class HashBackend(Backend):
                _widen_half, _hash)
 
     def configs(self, call: IsinCall) -> list[dict]:
-        log_t = _hash_table_log(call.n)
-        if _fits_on_chip((1 << log_t) * _key_bits(call.elements.dtype) // 8):
-            # The table is copied on chip once per program, so each program takes several blocks.
-            return [{"BLOCK": 1024, "PER_PROGRAM": 8, "LOCAL": True, "num_warps": 8},
-                    {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "num_warps": 8},
-                    {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "num_warps": 4}]
-        return [{"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "num_warps": 4},
-                {"BLOCK": 512, "PER_PROGRAM": 1, "LOCAL": False, "num_warps": 4},
-                {"BLOCK": 2048, "PER_PROGRAM": 1, "LOCAL": False, "num_warps": 8}]
+        if table_plan(call.n, _key_bits(call.elements.dtype), True)[1]:
+            # The table is copied on chip once per program, so each program takes several blocks;
+            # the alternative reads it through L1.
+            return [{"BLOCK": 1024, "PER_PROGRAM": 8, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
+                    {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
+                    {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
+                    {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4}]
+        return [{"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
+                {"BLOCK": 512, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
+                {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4},
+                {"BLOCK": 2048, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 8, "num_warps": 8}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
         done = _trivial(call)
@@ -544,23 +569,23 @@ class HashBackend(Backend):
             return done
         x, t = flat(call.elements), flat(call.test)
         key_bits = _key_bits(x.dtype)
-        log_t = _hash_table_log(call.n)
-        local = bool(config.get("LOCAL")) and _fits_on_chip((1 << log_t) * key_bits // 8)
+        log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("LOCAL")),
+                                        config.get("SLOTS", 4))
         key_dtype = torch.int64 if key_bits == 64 else torch.int32
         table = torch.full((1 << log_t,), torch.iinfo(key_dtype).min, dtype=key_dtype,
                            device=x.device)
         flag = torch.zeros(1, dtype=torch.int8, device=x.device)
         build_block = 1024
         _hash_build_kernel[(cdiv(call.n, build_block),)](
-            t, table, flag, call.n, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
-            LOG_T=log_t, BLOCK=build_block, num_warps=4)
+            t, table, flag, call.n, log_t, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
+            BLOCK=build_block, num_warps=4)
         out = _output(call)
         block = config["BLOCK"]
-        per = _blocks_per_program(call.m, block, config["PER_PROGRAM"] if local else 1)
+        per = _blocks_per_program(call.m, block, config["PER_PROGRAM"] if local_slots else 1)
         _hash_probe_kernel[(cdiv(call.m, block * per),)](
-            x, table, flag, out, call.m, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
-            LOG_T=log_t, LOCAL=local, INVERT=call.invert, BLOCK=block, BLOCKS_PER_PROGRAM=per,
-            I64=needs_int64(call.m), num_warps=config["num_warps"])
+            x, table, flag, out, call.m, log_t, IS_FLOAT=x.dtype.is_floating_point,
+            KEY_BITS=key_bits, LOCAL_SLOTS=local_slots, INVERT=call.invert, BLOCK=block,
+            BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m), num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
@@ -604,7 +629,7 @@ class BitmapBackend(Backend):
         key_bits = _key_bits(x.dtype)
         cap_bits = bitmap_capacity(call.n, x.dtype)
         full_range = x.dtype.itemsize <= 2
-        log_t = _hash_table_log(call.n)
+        log_t, local_slots = table_plan(call.n, key_bits, not full_range)
         key_dtype = torch.int64 if key_bits == 64 else torch.int32
         # Both structures are allocated (O(N) each, from the caching allocator); the setup kernel
         # initialises only the one the data calls for.
@@ -622,24 +647,22 @@ class BitmapBackend(Backend):
                                                PER_PROGRAM=per, num_warps=4)
         setup_block = 1024
         _bitmap_setup_kernel[(cdiv(max(cap_bits // 32, table.numel()), setup_block),)](
-            parts, n_parts, params, bits, table, cap_bits // 32, table.numel(),
-            CAP_BITS=cap_bits, FULL_RANGE_LO=torch.iinfo(x.dtype).min, FULL_RANGE=full_range,
-            KEY_BITS=key_bits, P_BLOCK=next_pow2(max(n_parts, 2)), BLOCK=setup_block, num_warps=4)
+            parts, n_parts, params, bits, table, cap_bits, table.numel(),
+            FULL_RANGE_LO=torch.iinfo(x.dtype).min, FULL_RANGE=full_range, KEY_BITS=key_bits,
+            P_BLOCK=next_pow2(max(n_parts, 2)), BLOCK=setup_block, num_warps=4)
         build_block = 1024
         _bitmap_build_kernel[(cdiv(call.n, build_block),)](
-            t, params, bits, table, flag, call.n, CAP_BITS=cap_bits, KEY_BITS=key_bits,
-            LOG_T=log_t, BLOCK=build_block, num_warps=4)
+            t, params, bits, table, flag, call.n, cap_bits, log_t, KEY_BITS=key_bits,
+            BLOCK=build_block, num_warps=4)
         out = _output(call)
-        local_bits = _fits_on_chip(cap_bits // 8)
-        local_table = not full_range and _fits_on_chip((1 << log_t) * key_bits // 8)
+        local_words = cap_bits // 32 if _fits_on_chip(cap_bits // 8) else 0
         block = config["BLOCK"]
         per = _blocks_per_program(call.m, block,
-                                  config["PER_PROGRAM"] if (local_bits or local_table) else 1)
+                                  config["PER_PROGRAM"] if (local_words or local_slots) else 1)
         _bitmap_probe_kernel[(cdiv(call.m, block * per),)](
-            x, params, bits, table, flag, out, call.m, CAP_BITS=cap_bits, KEY_BITS=key_bits,
-            LOG_T=log_t, LOCAL_BITS=local_bits, LOCAL_TABLE=local_table, INVERT=call.invert,
-            BLOCK=block, BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m),
-            num_warps=config["num_warps"])
+            x, params, bits, table, flag, out, call.m, cap_bits, log_t, KEY_BITS=key_bits,
+            LOCAL_WORDS=local_words, LOCAL_SLOTS=local_slots, INVERT=call.invert, BLOCK=block,
+            BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m), num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:

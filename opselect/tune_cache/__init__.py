@@ -1,5 +1,5 @@
 """The on-disk tune cache (diskcache + pydantic records). See store.py."""
 
-from .store import TuneStore, default_directory, reset, store
+from .storage import TuneStore, default_directory, reset, store
 
 __all__ = ["TuneStore", "default_directory", "reset", "store"]

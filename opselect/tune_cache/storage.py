@@ -74,7 +74,9 @@ class TuneStore:
         if cache is None:
             return self._memory.get(key)
         try:
-            return cache.get(key, default=None, retry=False)
+            value = cache.get(key, default=None, retry=False)
+            # what could not be written stays in memory for this process
+            return value if value is not None else self._memory.get(key)
         except Exception as exc:  # noqa: BLE001 - locked or corrupted database
             warn_once("read", f"cannot read {self.directory} ({type(exc).__name__}: {exc}); "
                               "falling back to the cost model")
@@ -88,7 +90,7 @@ class TuneStore:
             self._memory[key] = change(self._memory.get(key))
             return
         try:
-            with cache.transact(retry=True):
+            with cache.transact(retry=False):
                 cache.set(key, change(cache.get(key, default=None)))
         except Exception as exc:  # noqa: BLE001
             self._memory[key] = change(self._memory.get(key))
@@ -172,7 +174,9 @@ class TuneStore:
         from .fingerprint import current
         from .records import Calibration
 
-        record = Calibration(fingerprint=current(info), constants=constants, scales=scales)
+        finite = lambda d: {k: float(v) for k, v in d.items() if math.isfinite(v)}  # noqa: E731
+        record = Calibration(fingerprint=current(info), constants=finite(constants),
+                             scales=finite(scales))
         self._update(calibration_key(info.cache_key), lambda _old: record.model_dump_json())
 
     # -- whole-cache operations (CLI) -------------------------------------------------------------

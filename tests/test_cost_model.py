@@ -1,0 +1,73 @@
+"""The cost model: sensible choices on a known GPU, and calibration laid over the defaults."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from opselect.dispatch import get_op
+from opselect.dispatch.device import DeviceInfo
+from opselect.heuristics.device_model import defaults_for, forget_models, model_for
+from opselect.tune_cache import store
+
+H200 = DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 141 << 30)
+
+
+def plan(m, n, dtype=torch.int32, values="wide"):
+    op = get_op("isin")
+    a, kw = op.sample([[m], [n]], dtype, {"values": values}, torch.device("meta"))
+    call = op.prepare(*a, **kw)
+    return {c.name: c for c in op.plan(call, defaults_for(H200), check_device=False)}
+
+
+def best(cands):
+    return min((c for c in cands.values() if c.supported), key=lambda c: c.predicted_s).name
+
+
+def test_h200_choices_follow_the_algorithms():
+    assert best(plan(16_000_000, 16)) == "compare"  # a few compares per element, one pass
+    assert best(plan(16_000_000, 1_000_000, torch.float32)) in ("hash", "search")
+    assert best(plan(16_000_000, 1024, torch.int64)) in ("hash", "bitmap")
+    assert "compare" not in [n for n, c in plan(1000, 100_000).items() if c.supported]
+    for m, n in ((1 << 24, 16), (1 << 24, 1 << 20), (1 << 26, 1 << 24)):
+        cands = plan(m, n)
+        assert best(cands) != "torch"  # torch.isin runs at a few percent of bandwidth
+        assert cands["torch"].predicted_s > 2 * cands[best(cands)].predicted_s
+
+
+def test_estimates_grow_with_size_and_name_their_parts():
+    small, big = plan(1 << 20, 1000), plan(1 << 26, 1000)
+    for name in ("search", "hash", "bitmap"):
+        assert big[name].predicted_s > small[name].predicted_s
+        assert {"launch", "memory"} <= set(big[name].parts)
+    assert any("no host sync" in note for note in big["bitmap"].notes)
+    # host launches overlap device work: the total is the larger of the two, not their sum
+    p = small["search"].parts
+    device = sum(v for k, v in p.items() if k != "launch")
+    assert math.isclose(small["search"].predicted_s, max(p["launch"], device))
+
+
+def test_calibration_overrides_defaults(monkeypatch):
+    forget_models()
+    st = store()
+    st.put_calibration(H200, {"bandwidth": 1.0e12, "launch": -5.0, "gather_l2": float("nan"),
+                              "not_a_constant": 3.0}, {"isin/hash": 2.5})
+    model = model_for(H200)
+    assert model.calibrated and model.bandwidth == 1.0e12
+    assert model.launch == defaults_for(H200).launch  # invalid values are ignored
+    assert model.gather_l2 == defaults_for(H200).gather_l2
+    assert model.scales["isin/hash"] == 2.5
+    op = get_op("isin")
+    a, kw = op.sample([[1 << 20], [1000]], torch.int32, {}, torch.device("meta"))
+    call = op.prepare(*a, **kw)
+    scaled = {c.name: c.predicted_s for c in op.plan(call, model, check_device=False)}
+    plain = {c.name: c.predicted_s for c in op.plan(call, defaults_for(H200), check_device=False)}
+    assert scaled["hash"] > 2 * plain["hash"] * (model.bandwidth / 4.3e12) ** 0
+    forget_models()
+
+
+def test_unknown_gpu_gets_scaled_defaults():
+    small_gpu = DeviceInfo("cuda", 0, "Some Future GPU", (12, 0), 66, 32 << 20, 0)
+    m = defaults_for(small_gpu)
+    assert m.bandwidth < defaults_for(H200).bandwidth and m.sm_count == 66

@@ -1,0 +1,192 @@
+"""The selection chain: forced -> memo -> tune cache -> cost model, and tuning mode."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import opselect
+from opselect import ops
+from opselect.dispatch import bucket, get_op, tuning
+from opselect.dispatch import tuning_mode as tuning_mod
+from opselect.dispatch.signature import bucket_range
+from opselect.errors import BackendError
+from opselect.tune_cache import store
+
+
+@pytest.fixture
+def isin_op():
+    return get_op("isin")
+
+
+@pytest.fixture
+def fake_times(monkeypatch):
+    """Replace measuring with a table of made-up times per backend (and count the calls)."""
+    table = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
+    seen = []
+
+    def fake_measure(fn, device, what, **kw):
+        name = what.split("/")[1].split()[0]
+        seen.append(name)
+        return table[name]
+
+    monkeypatch.setattr(tuning_mod, "measure_safely", fake_measure)
+    return table, seen
+
+
+def inputs(m=500, n=40):
+    gen = torch.Generator().manual_seed(m * 1000 + n)
+    return (torch.randint(0, 100, (m,), generator=gen), torch.randint(0, 100, (n,), generator=gen))
+
+
+def test_buckets():
+    assert [bucket(n) for n in (0, 1, 17, 64)] == [0, 1, 17, 64]  # exact when small
+    assert bucket(65) == 128 and bucket(1000) == 1024 and bucket(65536) == 65536
+    assert bucket(65537) == 81920 and bucket(100_000) == 114_688  # quarter octaves above 2**16
+    prev = 0
+    for n in sorted(list(range(0, 3000)) + [2**k + d for k in range(12, 40) for d in (-1, 0, 1, 12345)]):
+        b = bucket(n)
+        assert b >= n and b >= prev, n  # covers n, never decreases
+        lo, hi = bucket_range(n)
+        assert lo <= n <= hi == b
+        prev = b
+
+
+def test_model_then_memo(cpu_triton, isin_op, monkeypatch):
+    a, b = inputs()
+    d = opselect.explain("isin", a, b, show=False)
+    assert d.source == "model"
+    assert all(c.predicted_s > 0 for c in d.candidates if c.supported)
+    assert d.choice == min((c for c in d.candidates if c.supported), key=lambda c: c.predicted_s).name
+    # The second call hits the memo: nothing below it runs.
+    monkeypatch.setattr(isin_op, "decide", lambda *a, **k: pytest.fail("memo missed"))
+    assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    monkeypatch.undo()
+    assert opselect.explain("isin", a, b, show=False).source == "memo"
+
+
+def test_tuning_measures_records_and_reuses(cpu_triton, isin_op, fake_times):
+    table, seen = fake_times
+    a, b = inputs()
+    with tuning():
+        assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    assert set(seen) == set(table)  # every candidate measured (each config of each)
+    d = opselect.explain("isin", a, b, show=False)
+    assert d.choice == "search" and d.detail == "decided earlier by tuning"
+    # A fresh process (here: a forgotten memo) reads the cache and measures nothing.
+    opselect.forget()
+    seen.clear()
+    d = opselect.explain("isin", a, b, show=False)
+    assert (d.source, d.choice, seen) == ("cache", "search", [])
+    assert d.candidate("hash").measured_s == table["hash"]
+    # Another shape in the same bucket shares the decision; another bucket does not.
+    assert opselect.explain("isin", *inputs(501, 40), show=False).source == "memo"
+    assert opselect.explain("isin", *inputs(5000, 40), show=False).source == "model"
+
+
+def test_env_switch_turns_tuning_on(monkeypatch):
+    monkeypatch.setenv("OPSELECT_TUNE", "1")
+    assert tuning_mod._State().active
+    monkeypatch.setenv("OPSELECT_TUNE", "0")
+    assert not tuning_mod._State().active
+    with tuning():
+        assert tuning_mod.state.active
+        with tuning(False):
+            assert not tuning_mod.state.active
+        assert tuning_mod.state.active
+
+
+def test_provisional_choice_is_redecided_in_tuning_mode(cpu_triton, fake_times):
+    table, seen = fake_times
+    a, b = inputs()
+    ops.isin(a, b)  # the model decides: provisional
+    assert not seen
+    with tuning():
+        ops.isin(a, b)
+    assert seen  # measured once tuning was on
+    n = len(seen)
+    with tuning():
+        ops.isin(a, b)  # now decided by measurement: not again
+    assert len(seen) == n
+
+
+def test_changed_kernel_remeasures_only_that_backend(cpu_triton, isin_op, fake_times, monkeypatch):
+    table, seen = fake_times
+    a, b = inputs()
+    with tuning():
+        ops.isin(a, b)
+    opselect.forget()
+    seen.clear()
+    hash_backend = isin_op.backend("hash")
+    monkeypatch.setitem(hash_backend.__dict__, "_source_hash", "edited-kernel")
+    with tuning():
+        ops.isin(a, b)
+    assert set(seen) == {"hash"}
+
+
+def test_cache_and_model_mixed(cpu_triton, isin_op, fake_times, monkeypatch):
+    """A backend added after tuning has no timing: the model's estimate stands in for it."""
+    a, b = inputs()
+    with tuning():
+        ops.isin(a, b)
+    opselect.forget()
+    monkeypatch.setitem(isin_op.backend("bitmap").__dict__, "_source_hash", "new")
+    d = opselect.explain("isin", a, b, show=False)
+    assert d.source == "cache+model" and d.candidate("bitmap").measured_s is None
+
+
+def test_failing_backend_is_reported_and_never_chosen(cpu_triton, isin_op, monkeypatch):
+    hash_backend = isin_op.backend("hash")
+
+    def broken(call, config):
+        raise RuntimeError("simulated launch failure")
+
+    monkeypatch.setattr(hash_backend, "run", broken)
+    monkeypatch.setattr(tuning_mod, "measure", lambda fn, device, **kw: (fn(), 1e-3)[1])
+    a, b = inputs()
+    with pytest.warns(RuntimeWarning, match="measuring isin/hash .* failed"):
+        with tuning():
+            ops.isin(a, b)
+    d = opselect.explain("isin", a, b, show=False)
+    assert d.choice != "hash" and math.isinf(d.candidate("hash").measured_s)
+    opselect.forget()  # the failure is recorded in the cache too
+    assert math.isinf(opselect.explain("isin", a, b, show=False).candidate("hash").measured_s)
+
+
+def test_forced_backend_skips_selection(cpu_triton, isin_op, monkeypatch):
+    a, b = inputs()
+    monkeypatch.setattr(isin_op, "decide", lambda *a, **k: pytest.fail("forced must not select"))
+    for name in ("torch", "compare", "search", "hash", "bitmap"):
+        assert torch.equal(ops.isin(a, b, backend=name), torch.isin(a, b))
+    assert not isin_op._memo
+
+
+def test_explain_forced_and_printing(cpu_triton, capsys):
+    a, b = inputs()
+    d = opselect.explain("isin", a, b, backend="search")
+    assert d.source == "forced" and d.choice == "search"
+    out = capsys.readouterr().out
+    for word in ("backend", "supports", "model", "measured", "search", "forced"):
+        assert word in out
+    text = str(d)
+    assert "choice: search" in text and "from forced" in text
+    with pytest.raises(BackendError, match="unknown op 'nope'; known ops: .*isin"):
+        opselect.explain("nope", a, b)
+
+
+def test_hot_path_touches_no_disk(cpu_triton, monkeypatch):
+    """After the first call, neither the cache nor the cost model is consulted."""
+    a, b = inputs()
+    ops.isin(a, b)
+    st = store()
+    monkeypatch.setattr(st, "get_timings", lambda *a, **k: pytest.fail("cache read on hot path"))
+    import opselect.heuristics.device_model as dm
+
+    monkeypatch.setattr(dm, "model_for", lambda *a, **k: pytest.fail("model on hot path"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            ops.isin(a, b)
