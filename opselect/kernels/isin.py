@@ -137,45 +137,57 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
 @triton.jit
 def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
                  KEY_BITS: tl.constexpr):
-    """Insert the values v (where ok) into the linear-probing table of 2**log_t keys."""
+    """Insert the values v (where ok) into the linear-probing table of 2**log_t keys.
+
+    Slots only grow, by atomic max: a key takes an empty slot (the key type's minimum) or pushes
+    out a smaller key, which then continues along its own probe sequence. No slot between a key's
+    home and its place is ever empty again, so lookups stay correct, and unlike compare-and-swap
+    (which has no mask in Triton) only the lanes still inserting touch memory."""
     v = _widen_half(v)
     key = _to_key(v, IS_FLOAT, KEY_BITS)
-    empty = tl.full(key.shape, -(1 << (KEY_BITS - 1)), key.dtype)
-    # The empty-slot marker is the key type's minimum. Floats never produce it (it is -0.0's
-    # bits, canonicalised away); an integer test set may contain it, which a flag records.
-    tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.full(key.shape, 1, tl.int8),
+    empty = -(1 << (KEY_BITS - 1))
+    # The empty marker is the key type's minimum. Floats never produce it (it is -0.0's bits,
+    # canonicalised away); an integer test set may contain it, which flag_ptr records (any value
+    # but the marker).
+    tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & (v == v)  # NaN is never a member
     slot = _hash(key, log_t, KEY_BITS)
     while tl.max(todo.to(tl.int32), axis=0) > 0:
-        # atomic_cas has no mask: lanes already done swap their key for itself, which changes
-        # nothing, so every lane can take part in every round.
-        old = tl.atomic_cas(table_ptr + slot, tl.where(todo, empty, key), key, sem="relaxed")
-        todo = todo & (old != empty) & (old != key)
+        old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
+        # old == empty: placed. old == key: already there. old > key: that slot belongs to a
+        # larger key, try the next. empty < old < key: placed, and `old` was pushed out.
+        pushed = todo & (old != empty) & (old < key)
+        key = tl.where(pushed, old, key)
+        todo = todo & (old != empty) & (old != key) | pushed
         slot = tl.where(todo, (slot + 1) & ((1 << log_t) - 1), slot)
 
 
 @triton.jit
-def _hash_lookup(table_ptr, table, has_empty_key, v, ok, log_t, IS_FLOAT: tl.constexpr,
+def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
                  KEY_BITS: tl.constexpr, LOCAL: tl.constexpr):
     """Membership of the values v in the table; `table` is its on-chip copy when LOCAL."""
     v = _widen_half(v)
     key = _to_key(v, IS_FLOAT, KEY_BITS)
-    empty = tl.full(key.shape, -(1 << (KEY_BITS - 1)), key.dtype)
-    found = (key == empty) & has_empty_key
+    empty = -(1 << (KEY_BITS - 1))
+    found = (key == empty) & (tl.load(flag_ptr) != empty)
     todo = ok & (key != empty)
     slot = _hash(key, log_t, KEY_BITS)
-    # Linear probing ends at the key (a hit) or an empty slot (a miss); the block stops when its
-    # longest probe does.
+    # The first probe settles most lanes (load factor <= 1/4); from an on-chip copy it is a
+    # gather from shared memory.
+    if LOCAL:
+        seen = tl.gather(table, slot, 0)
+    else:
+        seen = tl.load(table_ptr + slot, mask=todo, other=empty)
+    found = found | (todo & (seen == key))
+    todo = todo & (seen != key) & (seen != empty)
+    # Linear probing ends at the key (a hit) or an empty slot (a miss). The few lanes left go on
+    # with masked loads (the table is hot in L1 / L2); the block stops when its longest probe does.
     while tl.max(todo.to(tl.int32), axis=0) > 0:
-        if LOCAL:
-            seen = tl.gather(table, slot, 0)
-        else:
-            seen = tl.load(table_ptr + slot, mask=todo, other=-(1 << (KEY_BITS - 1)))
-        hit = todo & (seen == key)
-        found = found | hit
-        todo = todo & ~hit & (seen != empty)
         slot = (slot + 1) & ((1 << log_t) - 1)
+        seen = tl.load(table_ptr + slot, mask=todo, other=empty)
+        found = found | (todo & (seen == key))
+        todo = todo & (seen != key) & (seen != empty)
     return found & (v == v)
 
 
@@ -197,17 +209,16 @@ def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
-    has_empty_key = tl.load(flag_ptr) != 0
     table = 0
     if LOCAL_SLOTS > 0:
-        # Small tables are held by the program itself: lookups become on-chip gathers, and the
-        # copy is paid once for BLOCKS_PER_PROGRAM blocks.
+        # Small tables are held by the program itself: first probes become on-chip gathers, and
+        # the copy is paid once for BLOCKS_PER_PROGRAM blocks.
         table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
     for i in range(BLOCKS_PER_PROGRAM):
         offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < M
         v = tl.load(x_ptr + offs, mask=ok, other=0)
-        found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, log_t, IS_FLOAT, KEY_BITS,
+        found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT, KEY_BITS,
                              LOCAL_SLOTS > 0)
         tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
@@ -303,7 +314,6 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_p
             found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
             tl.store(out_ptr + offs, found != INVERT, mask=ok)
     else:
-        has_empty_key = tl.load(flag_ptr) != 0
         table = 0
         if LOCAL_SLOTS > 0:
             table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
@@ -311,7 +321,7 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_p
             offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
             ok = offs < M
             v = tl.load(x_ptr + offs, mask=ok, other=0)
-            found = _hash_lookup(table_ptr, table, has_empty_key, v, ok, log_t, False, KEY_BITS,
+            found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, False, KEY_BITS,
                                  LOCAL_SLOTS > 0)
             tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
@@ -554,7 +564,9 @@ class HashBackend(Backend):
         if table_plan(call.n, _key_bits(call.elements.dtype), True)[1]:
             # The table is copied on chip once per program, so each program takes several blocks;
             # the alternative reads it through L1.
-            return [{"BLOCK": 1024, "PER_PROGRAM": 8, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
+            # (Triton stages the table in shared memory at every gather, so larger blocks amortise
+            # that copy better than more blocks per program do.)
+            return [{"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
                     {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
                     {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
                     {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4}]
@@ -572,9 +584,10 @@ class HashBackend(Backend):
         log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("LOCAL")),
                                         config.get("SLOTS", 4))
         key_dtype = torch.int64 if key_bits == 64 else torch.int32
-        table = torch.full((1 << log_t,), torch.iinfo(key_dtype).min, dtype=key_dtype,
+        # One slot past the table records whether the empty marker's own value is a member.
+        table = torch.full(((1 << log_t) + 1,), torch.iinfo(key_dtype).min, dtype=key_dtype,
                            device=x.device)
-        flag = torch.zeros(1, dtype=torch.int8, device=x.device)
+        flag = table[1 << log_t:]
         build_block = 1024
         _hash_build_kernel[(cdiv(call.n, build_block),)](
             t, table, flag, call.n, log_t, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
@@ -616,7 +629,7 @@ class BitmapBackend(Backend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        return [{"BLOCK": 1024, "PER_PROGRAM": 8, "num_warps": 8},
+        return [{"BLOCK": 4096, "PER_PROGRAM": 2, "num_warps": 8},
                 {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
                 {"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4}]
 
@@ -634,8 +647,9 @@ class BitmapBackend(Backend):
         # Both structures are allocated (O(N) each, from the caching allocator); the setup kernel
         # initialises only the one the data calls for.
         bits = torch.empty(cap_bits // 32, dtype=torch.int32, device=dev)
-        table = torch.empty(0 if full_range else 1 << log_t, dtype=key_dtype, device=dev)
-        flag = torch.zeros(1, dtype=torch.int8, device=dev)
+        # (the slot past the table is the hash set's flag, as in HashBackend)
+        table = torch.empty(1 if full_range else (1 << log_t) + 1, dtype=key_dtype, device=dev)
+        flag = table[table.numel() - 1:]
         params = torch.empty(2, dtype=torch.int64, device=dev)
         if full_range:
             parts, n_parts = params, 0
@@ -647,7 +661,7 @@ class BitmapBackend(Backend):
                                                PER_PROGRAM=per, num_warps=4)
         setup_block = 1024
         _bitmap_setup_kernel[(cdiv(max(cap_bits // 32, table.numel()), setup_block),)](
-            parts, n_parts, params, bits, table, cap_bits, table.numel(),
+            parts, n_parts, params, bits, table, cap_bits, 0 if full_range else table.numel(),
             FULL_RANGE_LO=torch.iinfo(x.dtype).min, FULL_RANGE=full_range, KEY_BITS=key_bits,
             P_BLOCK=next_pow2(max(n_parts, 2)), BLOCK=setup_block, num_warps=4)
         build_block = 1024

@@ -1,0 +1,159 @@
+"""Cost model of the permute backends: roofline terms per backend, in seconds.
+
+Every backend reads and writes each byte once (2 * numel * itemsize bytes); they differ in how well
+those bytes are packed into DRAM transactions and in the index arithmetic per element:
+
+  * a contiguous segment of S bytes per access pattern runs at `segment(S)` of the copy bandwidth
+    (a 32-byte sector alone reaches about a third of it, 256 bytes and more all of it);
+  * a read that strides through the input (the last dim moves) uses one element per sector, and
+    only L2 reuse between neighbouring programs recovers part of the waste;
+  * div/mod pairs by runtime sizes cost about 25 integer instructions each (75 in 64 bits).
+
+The call's simplified problem (call.sizes, call.strides, call.esize, call.kind) is what is modelled,
+so a 5-d permute that merges into a 2-d transpose costs what the transpose costs.
+"""
+
+from __future__ import annotations
+
+import math
+
+OP = "permute"
+
+#: Efficiency of DRAM traffic made of contiguous segments of this many bytes (log-interpolated).
+_SEGMENT = ((16, 0.2), (32, 0.35), (64, 0.6), (128, 0.85), (256, 1.0))
+#: Integer instructions of one div/mod pair by a runtime divisor, 32 and 64 bits.
+DIVMOD_OPS = {False: 25.0, True: 75.0}
+#: Integer instructions per SM per second (64 lanes x ~1.6 GHz on Hopper).
+INT_OPS_PER_SM = 64 * 1.6e9
+#: Fraction of the copy bandwidth each backend reaches at its best (measured order of magnitude).
+PEAK = {"tiled": 0.9, "vectorized": 0.95, "naive": 0.85}
+#: torch's strided copy (TensorIterator, one element per access, 4 per thread): efficiency by
+#: element size when the last dim stays (reads and writes coalesced) and when it moves.
+TORCH_KEEP = {1: 0.3, 2: 0.45, 4: 0.6, 8: 0.65, 16: 0.65}
+TORCH_MOVE = {1: 0.08, 2: 0.13, 4: 0.22, 8: 0.3, 16: 0.35}
+
+
+def segment(nbytes: float) -> float:
+    if nbytes <= _SEGMENT[0][0]:
+        return _SEGMENT[0][1] * max(nbytes, 1) / _SEGMENT[0][0]
+    for (x0, y0), (x1, y1) in zip(_SEGMENT, _SEGMENT[1:]):
+        if nbytes <= x1:
+            f = math.log(nbytes / x0) / math.log(x1 / x0)
+            return y0 + f * (y1 - y0)
+    return 1.0
+
+
+def _traffic(call) -> float:
+    return 2.0 * call.numel * call.input.element_size()
+
+
+def _int_time(n_divmods: float, model, wide: bool) -> float:
+    return n_divmods * DIVMOD_OPS[wide] / (INT_OPS_PER_SM * max(1, model.sm_count))
+
+
+def _wide(call) -> bool:
+    n = call.numel * call.input.element_size()
+    return n >= 2**31 or call.span * call.esize >= 2**31
+
+
+def _elements(call) -> float:
+    return call.numel * call.input.element_size() / call.esize
+
+
+def _host(model, triton: bool) -> float:
+    """Host seconds of one call: a Triton launch plus the output's allocation, or torch's
+    permute view plus its clone (the model takes the longer of host and device time)."""
+    torch_launch = getattr(model, "torch_launch", model.launch)
+    return (model.launch if triton else torch_launch) + torch_launch
+
+
+def _trivial(call, model, backend: str, triton: bool):
+    if call.numel == 0 or call.kind == "other":
+        return model.estimate(OP, backend, triton=triton, launch=_host(model, False))
+    return None
+
+
+def torch_(call, model):
+    if call.numel == 0:
+        return model.estimate(OP, "torch", triton=False, launch=_host(model, False))
+    s = call.input.element_size()
+    if call.kind == "keep" or call.kind == "other":
+        run = (call.sizes[-1] if call.sizes else 1) * call.esize
+        eff = TORCH_KEEP.get(s, 0.5) * segment(run)
+    else:
+        eff = TORCH_MOVE.get(s, 0.2)
+    return model.estimate(OP, "torch", triton=False, launch=_host(model, False),
+                          memory=model.stream(_traffic(call)) / eff)
+
+
+def naive(call, model):
+    done = _trivial(call, model, "naive", True)
+    if done is not None:
+        return done
+    e = call.esize
+    if call.kind == "keep":
+        eff = PEAK["naive"] * segment(call.sizes[-1] * e if call.sizes else e)
+    else:
+        # One element per sector read; L2 catches part of the neighbours' reuse.
+        eff = PEAK["naive"] * TORCH_MOVE.get(e, 0.35) * 1.2
+    nd = max(1, len(call.sizes))
+    return model.estimate(OP, "naive", triton=True, launch=_host(model, True),
+                          memory=model.stream(_traffic(call)) / eff,
+                          index=_int_time(_elements(call) * (nd - 1), model, _wide(call)))
+
+
+def vectorized(call, model):
+    done = _trivial(call, model, "vectorized", True)
+    if done is not None:
+        return done
+    e = call.esize
+    run = (call.sizes[-1] if call.sizes else 1) * e
+    rows = _elements(call) / (call.sizes[-1] if call.sizes else 1)
+    nd = max(0, len(call.sizes) - 1)
+    # Reads come in runs of `run` bytes; writes are one contiguous stream.
+    memory = 0.5 * model.stream(_traffic(call)) * (1 / segment(run) + 1) / PEAK["vectorized"]
+    return model.estimate(OP, "vectorized", triton=True, launch=_host(model, True),
+                          memory=memory, index=_int_time(rows * max(0, nd - 1), model, _wide(call)))
+
+
+def tiled(call, model):
+    done = _trivial(call, model, "tiled", True)
+    if done is not None:
+        return done
+    from ..kernels import permute as kernels
+
+    plan = kernels._plan(call)
+    backend = kernels.TiledBackend
+    cfg = backend().configs(call)[0]
+    elem = call.unit * plan.w
+    half = 0.5 * model.stream(_traffic(call))
+    if cfg.get("NARROW") and plan.narrow:
+        # One side moves a contiguous chunk of n x bw elements, the other rows of bw elements.
+        n, m = (plan.A, plan.B) if plan.narrow == "in" else (plan.B, plan.A)
+        bw = backend.narrow_width(n, m, call.unit, cfg["TILE_BYTES"])
+        memory = (half / segment(n * min(bw, m) * elem) + half / segment(min(bw, m) * elem))
+        tiles = plan.n_batch * math.ceil(m / bw)
+        per_tile = kernels.next_pow2(n) * (len(plan.a_dims if plan.narrow == "in" else
+                                                  plan.b_dims) + 1) + len(plan.batch) + 2
+        return model.estimate(OP, "tiled", triton=True, launch=_host(model, True),
+                              memory=memory / PEAK["tiled"],
+                              index=_int_time(tiles * per_tile, model, _wide(call)))
+    ba, bb = backend.tile_shape(plan, cfg["BA"], cfg["BB"])
+    # A contiguous input segment is a row of the tile along A, or several rows when A is short and
+    # the B rows lie back to back in the input (the (N, 3) -> (3, N) case); likewise the output.
+    seg_in = min(ba, plan.A) * elem
+    if plan.A <= ba and plan.b_dims[0][1] == plan.A:
+        seg_in *= min(bb, plan.B)
+    seg_out = min(bb, plan.B) * elem
+    if plan.B <= bb and plan.a_dims[0][1] == plan.B:
+        seg_out *= min(ba, plan.A)
+    memory = (half / segment(seg_in) + half / segment(seg_out)) / PEAK["tiled"]
+    # Lanes past the end of a short group move nothing but still take their slot.
+    waste = (ba * bb) / (min(ba, plan.A) * min(bb, plan.B))
+    tiles = plan.n_batch * math.ceil(plan.A / ba) * math.ceil(plan.B / bb)
+    # Per tile: the cross offsets of A and B (vectors of ba and bb lanes, one div/mod pair per
+    # extra dim of the group) and the scalar batch decomposition.
+    per_tile = ba * (len(plan.a_dims) - 1) + bb * (len(plan.b_dims) - 1) + len(plan.batch) + 2
+    index = _int_time(tiles * per_tile, model, _wide(call))
+    return model.estimate(OP, "tiled", triton=True, launch=_host(model, True),
+                          memory=memory * (1 + 0.1 * (waste - 1)), index=index)

@@ -1,0 +1,608 @@
+"""permute / transpose: every backend against torch, the simplification on its own, bad arguments.
+
+CPU tests run the Triton kernels through the interpreter on small shapes; `gpu` tests run the same
+checks at real sizes (and past 2**31 elements). Results are compared byte for byte (NaN payloads
+and all), and every `out=` is poisoned first, so an element a kernel forgets to write is caught.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import opselect
+from opselect import ops
+from opselect.dispatch.device import DeviceInfo
+from opselect.errors import BackendError, InvalidArgument
+from opselect.heuristics.device_model import defaults_for
+from opselect.kernels import permute as P
+
+BACKENDS = ("naive", "tiled", "vectorized")
+# Every element size the kernels move, and the dtypes with special bytes (bool, complex, float8).
+DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.float16,
+          torch.bfloat16, torch.int32, torch.uint32, torch.float32, torch.int64, torch.uint64,
+          torch.float64, torch.complex64, torch.complex128, torch.float8_e4m3fn,
+          torch.float8_e5m2)
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                      HealthCheck.function_scoped_fixture])
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same(got: torch.Tensor, ref: torch.Tensor) -> None:
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert got.dtype == ref.dtype
+    assert got.is_contiguous()
+    assert torch.equal(as_bytes(got), as_bytes(ref)), "bytes differ"
+
+
+def reference(x: torch.Tensor, dims) -> torch.Tensor:
+    return x.permute(tuple(dims)).clone(memory_format=torch.contiguous_format)
+
+
+def poisoned(shape, dtype, device) -> torch.Tensor:
+    """A destination whose every byte is 0xA5: whatever a kernel fails to write shows."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if out.numel():
+        out.view(-1).view(torch.uint8).fill_(0xA5)
+    return out
+
+
+def make_input(shape, dtype, layout: str, device, seed: int = 0) -> torch.Tensor:
+    """A tensor of `shape` in one of several memory layouts."""
+    g = random.Random(seed)
+    shape = list(shape)
+    if layout == "contiguous" or not shape:
+        return P.random_tensor(shape, dtype, device)
+    if layout == "permuted":  # already a permuted view of a contiguous tensor
+        order = list(range(len(shape)))
+        g.shuffle(order)
+        base = P.random_tensor([shape[d] for d in order], dtype, device)
+        return base.permute([order.index(i) for i in range(len(shape))])
+    if layout == "sliced":  # a step of 2 along one dim: strides no longer nest
+        d = g.randrange(len(shape))
+        big = list(shape)
+        big[d] = 2 * shape[d]
+        index = [slice(None)] * len(shape)
+        index[d] = slice(None, None, 2)
+        return P.random_tensor(big, dtype, device)[tuple(index)]
+    if layout == "offset":  # starts one element into its storage: less alignment to widen with
+        n = math.prod(shape)
+        return P.random_tensor([n + 1], dtype, device)[1:].view(shape)
+    if layout == "expanded":  # stride 0 along one dim
+        d = g.randrange(len(shape))
+        small = list(shape)
+        small[d] = 1
+        return P.random_tensor(small, dtype, device).expand(shape)
+    raise ValueError(layout)
+
+
+def check_all(x: torch.Tensor, dims, *, backends=BACKENDS, with_out: bool = True) -> list[str]:
+    """Every backend that supports the call, with and without out=, against torch; returns the
+    backends that ran (the auto choice included)."""
+    ref = reference(x, dims)
+    call = P.OP.prepare(x, dims)
+    ran = []
+    for name in backends:
+        if P.OP.backend(name).supports(call) is not None:
+            continue
+        assert_same(ops.permute(x, dims, backend=name), ref)
+        if with_out:
+            out = poisoned(ref.shape, x.dtype, x.device)
+            got = ops.permute(x, dims, out=out, backend=name)
+            assert got is out
+            assert_same(out, ref)
+        ran.append(name)
+    assert_same(ops.permute(x, dims), ref)
+    return ran
+
+
+H200 = DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 141 << 30)
+
+
+# ---------------------------------------------------------------------------------------------
+# the simplification on its own
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape, strides, dims, sizes, out_strides", [
+    ((2, 3, 4, 5), (60, 20, 5, 1), (0, 1, 2, 3), [120], [1]),             # identity: one run
+    ((2, 3, 4, 5), (60, 20, 5, 1), (0, 2, 3, 1), [2, 20, 3], [60, 1, 20]),  # NCHW -> NHWC
+    ((1, 5, 1, 3), (15, 3, 3, 1), (3, 1, 2, 0), [3, 5], [1, 3]),          # size-1 dims drop out
+    ((32, 2048, 32, 128), (8388608, 4096, 128, 1), (0, 2, 1, 3),
+     [32, 32, 2048, 128], [8388608, 128, 4096, 1]),
+    ((4, 6), (12, 2), (1, 0), [6, 4], [2, 12]),                            # a strided view
+    ((4, 6), (0, 1), (0, 1), [4, 6], [0, 1]),                              # an expanded view
+    ((3, 1, 1), (1, 1, 1), (2, 1, 0), [3], [1]),
+    ((), (), (), [], []),
+])
+def test_simplify_examples(shape, strides, dims, sizes, out_strides):
+    assert P.simplify(shape, strides, dims) == (sizes, out_strides)
+
+
+def test_widen_examples():
+    # (N, M, 2) fp32 -> (M, N, 2): the 8-byte pairs become the elements of a plain transpose.
+    assert P.widen([5, 4, 2], [2, 10, 1], 4, 0, 0) == ([5, 4], [1, 5], 8)
+    # 128 fp16 runs widen to 16-byte units.
+    assert P.widen([3, 7, 128], [896, 128 * 3, 1], 2, 0, 0) == ([3, 7, 16], [112, 48, 1], 16)
+    # A pointer 4 bytes into an allocation allows 4-byte units only.
+    assert P.widen([5, 4, 2], [2, 10, 1], 4, 4, 0) == ([5, 4, 2], [2, 10, 1], 4)
+    # An odd run cannot widen; a moving last dim is left alone.
+    assert P.widen([5, 3], [3, 1], 4, 0, 0) == ([5, 3], [3, 1], 4)
+    assert P.widen([5, 3], [1, 5], 4, 0, 0) == ([5, 3], [1, 5], 4)
+
+
+def _rebuild(x: torch.Tensor, call) -> torch.Tensor:
+    """The simplified problem read back with as_strided over x's bytes."""
+    raw = x.untyped_storage()
+    base = torch.empty(0, dtype=torch.uint8, device=x.device).set_(raw, 0, (raw.nbytes(),), (1,))
+    e = call.esize
+    start = x.storage_offset() * x.element_size()
+    view = base.as_strided([*call.sizes, e], [t * e for t in call.strides] + [1], start)
+    return view.contiguous().reshape(-1)
+
+
+LAYOUTS = ("contiguous", "permuted", "sliced", "offset", "expanded")
+shapes = st.lists(st.integers(1, 5), min_size=0, max_size=6)
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(shape=shapes, data=st.data(),
+       dtype=st.sampled_from([torch.uint8, torch.float16, torch.float32, torch.complex128]),
+       layout=st.sampled_from(LAYOUTS))
+def test_simplify_preserves_the_result(shape, data, dtype, layout):
+    dims = data.draw(st.permutations(range(len(shape))))
+    x = make_input(shape, dtype, layout, "cpu", seed=len(shape))
+    call = P.OP.prepare(x, dims)
+    assert call.kind in ("keep", "move", "gather")
+    assert len(call.sizes) <= max(1, len(shape))
+    assert 1 not in call.sizes
+    assert torch.equal(_rebuild(x, call), as_bytes(reference(x, dims)))
+    if call.tile is not None:  # the tiled form is the same problem with W-unit elements
+        w, sizes, strides = call.tile
+        assert math.prod(sizes) * w * call.unit == x.numel() * x.element_size()
+        assert 1 in strides and strides[-1] != 1
+
+
+# ---------------------------------------------------------------------------------------------
+# every backend against torch
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=40, **SETTINGS)
+@given(shape=st.lists(st.integers(0, 6), min_size=1, max_size=5), data=st.data(),
+       dtype=st.sampled_from([torch.uint8, torch.float16, torch.float32, torch.float64,
+                              torch.complex128, torch.bool]),
+       layout=st.sampled_from(LAYOUTS))
+def test_backends_match_torch(cpu_triton, shape, data, dtype, layout):
+    dims = data.draw(st.permutations(range(len(shape))))
+    x = make_input(shape, dtype, layout, cpu_triton, seed=sum(shape))
+    check_all(x, dims, with_out=data.draw(st.booleans()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_every_dtype(cpu_triton, dtype):
+    # A transpose (tiled), a kept last dim (vectorized, widened), and short 16-byte runs.
+    ran = set()
+    for shape, dims in (((5, 12), (1, 0)), ((3, 4, 48), (1, 0, 2)), ((4, 6, 2), (1, 0, 2))):
+        x = P.random_tensor(shape, dtype, cpu_triton)
+        ran |= set(check_all(x, dims))
+    assert ran == set(BACKENDS)
+
+
+@pytest.mark.parametrize("shape, dims", [
+    ((0, 4), (1, 0)), ((3, 0, 2), (2, 0, 1)),        # empty
+    ((), ()), ((1,), (0,)), ((1, 1, 1), (2, 0, 1)),  # one element
+    ((7,), (-1,)), ((1, 9, 1), (2, 1, 0)),           # really a copy
+    ((2,) * 8, (7, 3, 5, 1, 6, 0, 4, 2)),            # rank 8
+    ((3, 2, 1, 2, 3, 1, 2, 2), (6, 0, 5, 3, 7, 1, 4, 2)),
+    ((2, 3, 2, 3, 2, 3), (5, 3, 1, 4, 2, 0)),        # tiled with the full 3 dims per group + batch
+    ((33, 17), (1, 0)), ((3, 40), (1, 0)), ((40, 3), (1, 0)),  # ragged tiles
+    ((300, 3), (1, 0)),                              # a 3-wide group: the tile widens the other
+    ((2, 3, 2, 3, 2), (4, 3, 2, 1, 0)), ((2, 3, 2, 3, 2, 3, 2), (6, 5, 4, 3, 2, 1, 0)),
+    ((2, 3, 4, 5), (0, 2, 3, 1)), ((2, 5, 3, 4), (0, 3, 1, 2)),
+])
+def test_edge_shapes(cpu_triton, shape, dims):
+    for dtype in (torch.float32, torch.uint8):
+        check_all(P.random_tensor(shape, dtype, cpu_triton), dims)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts(cpu_triton, layout):
+    for shape, dims in (((4, 6, 8), (2, 0, 1)), ((4, 6, 8), (1, 0, 2)), ((6, 4, 2), (1, 0, 2))):
+        for dtype in (torch.float32, torch.complex128):
+            check_all(make_input(shape, dtype, layout, cpu_triton, seed=3), dims)
+
+
+def test_tiled_batch_dims(cpu_triton, monkeypatch):
+    """Groups of one dim each, so up to 6 dims go to the batch index."""
+    monkeypatch.setattr(P, "GROUP_TARGET", 2)
+    x = P.random_tensor((2, 3, 2, 2, 2, 3, 2, 3), torch.float16, cpu_triton)
+    for dims in ((7, 6, 5, 4, 3, 2, 1, 0),):
+        assert "tiled" in check_all(x, dims, backends=("tiled",), with_out=False)
+        plan = P._plan(P.OP.prepare(x, dims))
+        assert len(plan.a_dims) == len(plan.b_dims) == 1 and len(plan.batch) == 6
+
+
+def test_short_runs_that_cannot_be_one_element(cpu_triton):
+    # 2 float64 per run, but the other strides are odd: the run cannot become one 16-byte element.
+    x = P.random_tensor((4, 5, 3), torch.float64, cpu_triton)[:, :, :2]
+    call = P.OP.prepare(x, (1, 0, 2))
+    assert call.kind == "keep" and call.tile is None
+    check_all(x, (1, 0, 2))
+    # 2 float64 per run, 8-byte aligned only, and no other dim is contiguous in runs.
+    y = P.random_tensor((81,), torch.float64, cpu_triton)[1:].view(4, 5, 4)[:, :, :2]
+    call = P.OP.prepare(y, (1, 0, 2))
+    assert call.kind == "keep" and call.tile is None
+    check_all(y, (1, 0, 2))
+
+
+@pytest.mark.parametrize("shape, dims, dtype, side", [
+    ((2, 3, 5, 7), (0, 2, 3, 1), torch.float32, "out"),   # NCHW -> NHWC: 3 channels per pixel
+    ((2, 5, 7, 3), (0, 3, 1, 2), torch.float32, "in"),    # NHWC -> NCHW
+    ((6, 7, 3), (2, 0, 1), torch.uint8, "in"),            # HWC -> CHW
+    ((70, 2, 3), (2, 1, 0), torch.int16, "in"),           # a narrow group of two dims
+    ((5, 9), (1, 0), torch.uint8, "out"),
+])
+def test_narrow_tiles(cpu_triton, shape, dims, dtype, side):
+    """Groups under 16 bytes take the narrow kernel (one flat chunk + a gather)."""
+    x = P.random_tensor(shape, dtype, cpu_triton)
+    call = P.OP.prepare(x, dims)
+    assert P._plan(call).narrow == side
+    assert P.OP.backend("tiled").configs(call)[0].get("NARROW")
+    check_all(x, dims, backends=("tiled",))
+    check_all(make_input(shape, dtype, "permuted", cpu_triton, seed=5), dims,
+              backends=("tiled",), with_out=False)
+
+
+def test_gather_kind_only_naive(cpu_triton):
+    x = make_input((6, 8), torch.float32, "contiguous", cpu_triton)[:, ::2]  # no stride-1 dim
+    call = P.OP.prepare(x, (1, 0))
+    assert call.kind == "gather"
+    assert check_all(x, (1, 0)) == ["naive"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_config_and_tail(cpu_triton, backend):
+    """All configs, plus tiny tiles with several tiles per program."""
+    b = P.OP.backend(backend)
+    cases = (((9, 37), (1, 0)), ((5, 7, 6), (1, 0, 2)), ((3, 5, 7, 2), (2, 1, 0, 3)),
+             ((4, 5, 64), (1, 0, 2)), ((50, 3), (1, 0)), ((3, 70), (1, 0)))
+    for shape, dims in cases:
+        x = P.random_tensor(shape, torch.float32, cpu_triton)
+        call = P.OP.prepare(x, dims)
+        if b.supports(call) is not None:
+            continue
+        ref = reference(x, dims)
+        configs = list(b.configs(call))
+        if backend == "tiled":
+            configs.append({"BA": 4, "BB": 8, "num_warps": 4, "TPP": 4})
+            configs.append({"NARROW": True, "TILE_BYTES": 64, "num_warps": 4, "TPP": 4})
+        elif backend == "vectorized":
+            configs.append({"TILE_BYTES": 64, "num_warps": 4, "TPP": 4})
+        else:
+            configs.append({"BLOCK": 16, "num_warps": 4})
+        for cfg in configs:
+            assert_same(b.run(P.OP.prepare(x, dims), cfg), ref)
+
+
+def test_int64_offsets(cpu_triton, monkeypatch):
+    """The 64-bit index path (taken past 2**31 elements) on small tensors."""
+    monkeypatch.setattr(P, "needs_int64", lambda *n: True)
+    for shape, dims in (((6, 10), (1, 0)), ((3, 4, 8), (1, 0, 2)), ((2, 3, 4, 5), (3, 1, 0, 2)),
+                        ((20, 3), (1, 0)), ((3, 20), (1, 0))):
+        for dtype in (torch.float32, torch.complex128):
+            check_all(make_input(shape, dtype, "permuted", cpu_triton, seed=1), dims)
+
+
+def test_result_is_a_new_tensor(cpu_triton):
+    x = P.random_tensor((4, 5), torch.float32, cpu_triton)
+    for name in ("torch", "naive", "vectorized"):
+        y = ops.permute(x, (0, 1), backend=name)
+        assert y.data_ptr() != x.data_ptr()
+        assert_same(y, x)
+
+
+# ---------------------------------------------------------------------------------------------
+# out=
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ("torch",) + BACKENDS)
+def test_out_variants(cpu_triton, backend):
+    x = P.random_tensor((4, 6, 8), torch.float32, cpu_triton)
+    dims = (1, 0, 2) if backend != "tiled" else (2, 1, 0)
+    ref = reference(x, dims)
+    # A non-contiguous out (written through a temporary).
+    base = poisoned((ref.shape[2], ref.shape[1], ref.shape[0]), torch.float32, cpu_triton)
+    out = base.permute(2, 1, 0)
+    assert ops.permute(x, dims, out=out, backend=backend) is out
+    assert torch.equal(out, ref)
+    # A wrong shape is resized, with torch's warning when it held elements.
+    out = torch.empty(5, dtype=torch.float32)
+    with pytest.warns(UserWarning, match="resizing"):
+        assert ops.permute(x, dims, out=out, backend=backend) is out
+    assert_same(out, ref)
+    out = torch.empty(0, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops.permute(x, dims, out=out, backend=backend)
+    assert_same(out, ref)
+
+
+def test_out_errors():
+    x = torch.randn(3, 4)
+    with pytest.raises(InvalidArgument, match="is on meta"):
+        ops.permute(x, (1, 0), out=torch.empty(4, 3, device="meta"))
+    with pytest.raises(InvalidArgument, match="strided"):
+        ops.permute(x, (1, 0), out=torch.zeros(4, 3).to_sparse())
+    with pytest.raises(InvalidArgument, match="dtype"):
+        ops.permute(x, (1, 0), out=torch.empty(4, 3, dtype=torch.float64))
+    with pytest.raises(InvalidArgument, match="shares memory"):
+        ops.permute(x, (1, 0), out=x.view(4, 3))
+    with pytest.raises(TypeError, match="out must be a tensor"):
+        ops.permute(x, (1, 0), out=[0] * 12)
+    # Disjoint parts of one storage are fine.
+    buf = torch.zeros(24)
+    src = buf[:12].view(3, 4).copy_(x)
+    assert_same(ops.permute(src, (1, 0), out=buf[12:].view(4, 3)), x.t())
+
+
+# ---------------------------------------------------------------------------------------------
+# bad arguments raise as torch does
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dims, error, match", [
+    ((0, 1), RuntimeError, "3 dimensions"),
+    ((0, 1, 2, 0), RuntimeError, "4 entries"),
+    ((0, 1, 1), RuntimeError, "more than once"),
+    ((0, 2, -1), RuntimeError, "more than once"),
+    ((0, 1, 3), IndexError, r"dims\[2\] = 3 is out of range"),
+    ((0, 1, -4), IndexError, r"\[-3, 2\]"),
+    ((0, 1.0, 2), TypeError, r"dims\[1\] must be an int"),
+    ((0, "1", 2), TypeError, r"dims\[1\] must be an int"),
+    ((True, 0, 2), TypeError, "must be an int"),
+    (0, TypeError, "tuple or list"),
+    (torch.tensor([2, 1, 0]), TypeError, "tuple or list"),
+])
+def test_bad_dims(dims, error, match):
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(error):
+        torch.permute(x, dims)  # torch raises the same class
+    with pytest.raises(error, match=match):
+        ops.permute(x, dims)
+
+
+def test_dims_accept_index_types():
+    x = torch.randn(2, 3, 4)
+    ref = reference(x, (2, 0, 1))
+    assert_same(ops.permute(x, [2, 0, 1]), ref)
+    assert_same(ops.permute(x, (-1, 0, -2)), ref)
+    assert_same(ops.permute(x, (torch.tensor(2), 0, 1)), ref)
+    assert_same(ops.permute(x, torch.Size([2, 0, 1])), ref)
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="input must be a tensor"):
+        ops.permute([1, 2], (0,))
+    with pytest.raises(TypeError, match="input must be a tensor"):
+        ops.transpose(3.0, 0, 0)
+
+
+def test_transpose(cpu_triton):
+    x = P.random_tensor((3, 4, 5), torch.float32, cpu_triton)
+    for a, b in ((0, 1), (1, 2), (0, 2), (-1, 0), (2, -3), (1, 1)):
+        ref = x.transpose(a, b).contiguous()
+        assert_same(ops.transpose(x, a, b), ref)
+        assert_same(ops.transpose(x, a, b, backend="naive"), ref)
+    out = poisoned((5, 4, 3), torch.float32, cpu_triton)
+    assert ops.transpose(x, 0, 2, out=out, backend="tiled") is out
+    assert_same(out, x.transpose(0, 2))
+    s = torch.tensor(2.5)
+    assert_same(ops.transpose(s, 0, -1), s)
+    for a, b in ((0, 3), (-4, 0)):
+        with pytest.raises(IndexError, match="out of range"):
+            ops.transpose(x, a, b)
+    with pytest.raises(IndexError, match=r"\[-1, 0\]"):
+        ops.transpose(s, 0, 1)
+    with pytest.raises(TypeError, match="dim1 must be an int"):
+        ops.transpose(x, 0, 1.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# selection
+# ---------------------------------------------------------------------------------------------
+def test_forced_backend_that_cannot_take_the_call(cpu_triton):
+    t = torch.randn(8, 16)
+    with pytest.raises(BackendError, match="vectorized.*last dim moves"):
+        ops.permute(t, (1, 0), backend="vectorized")
+    k = torch.randn(8, 16, 32)
+    with pytest.raises(BackendError, match="tiled.*stays contiguous"):
+        ops.permute(k, (1, 0, 2), backend="tiled")
+    with pytest.raises(BackendError, match="tiled.*no dim of the input is contiguous"):
+        ops.permute(t[:, ::2], (1, 0), backend="tiled")
+    with pytest.raises(BackendError, match="unknown backend"):
+        ops.permute(t, (1, 0), backend="fastest")
+
+
+def test_auto_on_cpu_picks_torch():
+    x = torch.randn(64, 64)
+    d = opselect.explain("permute", x, (1, 0), show=False)
+    assert d.choice == "torch"
+    assert_same(ops.permute(x, (1, 0)), x.t())
+
+
+def test_other_inputs(cpu_triton):
+    # More than 8 dims left after simplification: torch only.
+    x = P.random_tensor((2,) * 9, torch.float32, cpu_triton)
+    dims = tuple(range(8, -1, -1))
+    assert_same(ops.permute(x, dims), reference(x, dims))
+    with pytest.raises(BackendError, match="at most 8"):
+        ops.permute(x, dims, backend="naive")
+    # Quantized tensors: torch only.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized dtypes are deprecated in recent torch
+        q = torch.quantize_per_tensor(torch.randn(3, 4), 0.1, 0, torch.quint8)
+    assert torch.equal(ops.permute(q, (1, 0)).int_repr(), q.int_repr().t())
+    with pytest.raises(BackendError, match="quantized"):
+        ops.permute(q, (1, 0), backend="naive")
+    # Sparse tensors: torch cannot make them contiguous either.
+    with pytest.raises(InvalidArgument, match="strided"):
+        ops.permute(torch.zeros(3, 4).to_sparse(), (1, 0))
+
+
+def test_torch_only_inputs(cpu_triton):
+    x = torch.randn(3, 4, requires_grad=True)
+    y = ops.permute(x, (1, 0))
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones(3, 4))
+    with pytest.raises(BackendError, match="requires grad"):
+        ops.permute(x, (1, 0), backend="naive")
+    with torch.no_grad():
+        assert_same(ops.permute(x, (1, 0), backend="naive"), x.detach().t())
+    c = torch.randn(3, 4, dtype=torch.complex64).conj()  # a lazy conjugate view
+    assert torch.equal(ops.permute(c, (1, 0)), c.resolve_conj().t())
+    with pytest.raises(BackendError, match="conjugate"):
+        ops.permute(c, (1, 0), backend="tiled")
+
+
+def test_key_and_describe():
+    x = torch.randn(16, 64, 64, 16)
+    a = P.OP.prepare(x, (0, 2, 1, 3))
+    b = P.OP.prepare(torch.randn(16, 64, 64, 16), (0, 2, 1, 3))
+    assert a.key == b.key and hash(a.key)
+    assert a.key != P.OP.prepare(x, (3, 2, 1, 0)).key
+    assert "simplified" in a.describe() and "16-byte" in a.describe()
+
+
+def test_cost_model_prefers_the_right_kernel():
+    model = defaults_for(H200)
+
+    def costs(x, dims):
+        call = P.OP.prepare(x, dims)
+        call.info = H200
+        out = {}
+        for b in P.OP.backends:
+            if b.name == "torch" or b.supports(call) is None:
+                est = b.cost(call, model)
+                assert math.isfinite(est.seconds) and est.seconds > 0
+                out[b.name] = est.seconds
+        return out
+
+    big_t = costs(torch.empty(4096, 4096), (1, 0))
+    assert min(big_t, key=big_t.get) == "tiled"
+    heads = costs(torch.empty(32, 512, 32, 128, dtype=torch.float16), (0, 2, 1, 3))
+    assert min(heads, key=heads.get) == "vectorized"
+    tiny = costs(torch.empty(8, 8), (1, 0))
+    assert min(tiny, key=tiny.get) == "torch"
+    assert costs(torch.empty(0, 8), (1, 0))["tiled"] > 0
+
+
+def test_sample():
+    (x, dims), kw = P.sample([[4, 5, 6]], torch.float16, {"dims": [2, 0, 1]}, torch.device("cpu"))
+    assert x.shape == (4, 5, 6) and dims == [2, 0, 1] and kw == {}
+    (x, dims), _ = P.sample([[4, 5, 6]], torch.uint8, {"layout": "permuted",
+                                                        "layout_dims": [2, 0, 1]}, "cpu")
+    assert x.shape == (4, 5, 6) and not x.is_contiguous() and dims == [2, 1, 0]
+    assert x.permute(2, 0, 1).is_contiguous()
+    for dtype in DTYPES:
+        assert P.random_tensor((3, 2), dtype, "cpu").dtype == dtype
+    with pytest.raises(InvalidArgument):
+        P.sample([[2], [3]], torch.float32, {}, "cpu")
+    with pytest.raises(InvalidArgument, match="layout"):
+        P.sample([[2]], torch.float32, {"layout": "weird"}, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the same checks at real sizes
+# ---------------------------------------------------------------------------------------------
+GPU_CASES = [
+    ((32, 512, 32, 128), torch.float16, (0, 2, 1, 3)),
+    ((4096, 4096), torch.float32, (1, 0)),
+    ((4096, 4095), torch.float16, (1, 0)),
+    ((64, 512, 512), torch.float32, (0, 2, 1)),
+    ((16, 64, 64, 64, 16), torch.float32, (4, 3, 2, 1, 0)),
+    ((32, 3, 224, 224), torch.float32, (0, 2, 3, 1)),
+    ((1024, 1024, 3), torch.uint8, (2, 0, 1)),
+    ((1024, 1024, 4), torch.float32, (1, 0, 2)),
+    ((512, 512), torch.complex128, (1, 0)),
+    ((256, 256, 2), torch.complex128, (1, 0, 2)),
+    ((2, 3, 4, 5, 6, 7, 8, 9), torch.bool, (7, 6, 5, 4, 3, 2, 1, 0)),
+    ((1000, 999), torch.int8, (1, 0)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, dtype, dims", GPU_CASES, ids=lambda v: str(v))
+def test_gpu_backends(cuda, shape, dtype, dims):
+    torch.manual_seed(0)
+    for layout in ("contiguous", "permuted", "offset"):
+        x = make_input(shape, dtype, layout, cuda, seed=1)
+        check_all(x, dims)
+    torch.cuda.synchronize()
+
+
+GPU_SHAPES = (((300, 257), (1, 0)), ((17, 33, 64), (1, 0, 2)), ((64, 48, 2), (1, 0, 2)),
+              ((96, 3, 40), (0, 2, 1)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_gpu_every_dtype(cuda, dtype):
+    for shape, dims in GPU_SHAPES:
+        check_all(P.random_tensor(shape, dtype, cuda), dims)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.uint8, torch.float16, torch.float32, torch.complex128),
+                         ids=lambda d: str(d)[6:])
+def test_gpu_every_config(cuda, dtype):
+    for shape, dims in GPU_SHAPES:
+        x = P.random_tensor(shape, dtype, cuda)
+        ref = reference(x, dims)
+        call = P.OP.prepare(x, dims)
+        for name in BACKENDS:
+            b = P.OP.backend(name)
+            if b.supports(call) is None:
+                for cfg in b.configs(call):
+                    assert_same(b.run(P.OP.prepare(x, dims), cfg), ref)
+
+
+@pytest.mark.gpu
+@settings(max_examples=30, **SETTINGS)
+@given(shape=st.lists(st.integers(0, 40), min_size=1, max_size=8), data=st.data(),
+       dtype=st.sampled_from([torch.uint8, torch.float16, torch.float32, torch.complex128]),
+       layout=st.sampled_from(LAYOUTS))
+def test_gpu_random(cuda, shape, data, dtype, layout):
+    if math.prod(shape) > 1 << 22:
+        shape = [min(s, 6) for s in shape]
+    dims = data.draw(st.permutations(range(len(shape))))
+    check_all(make_input(shape, dtype, layout, cuda, seed=len(shape)), dims)
+
+
+@pytest.mark.gpu
+def test_gpu_past_2_31_elements(cuda):
+    """Offsets past 2**31 units: a uint8 transpose (tiled, naive) and 3-byte runs (vectorized)."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 12 * 2**30:
+        pytest.skip("needs 12 GiB of free GPU memory")
+    x = torch.randint(0, 256, (2**16 + 3, 2**15 + 1), dtype=torch.uint8, device=cuda)
+    assert x.numel() > 2**31
+    ref = x.t().contiguous()
+    for name in ("tiled", "naive"):
+        got = ops.permute(x, (1, 0), backend=name)
+        assert torch.equal(got, ref), name
+        del got
+    del x, ref
+    y = torch.randint(0, 256, (2**15, 2**15 + 1, 3), dtype=torch.uint8, device=cuda)
+    assert y.numel() > 2**31
+    ref = y.permute(1, 0, 2).contiguous()
+    for name in ("vectorized", "naive"):
+        got = ops.permute(y, (1, 0, 2), backend=name)
+        assert torch.equal(got, ref), name
+        del got
