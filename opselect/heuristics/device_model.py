@@ -100,7 +100,7 @@ class DeviceModel:
 # benchmarks/results/): used until `opselect calibrate` replaces them.
 _HOPPER = dict(
     smem_bytes=227 * 1024, launch=25e-6, torch_launch=6e-6, sync=15e-6, gather_smem=1.0 / 1.5e12,
-    atomic=1.0 / 2.5e10, compare=1.0 / 4e13, sort_fixed=25e-6,
+    atomic=1.0 / 2.5e10, compare=1e-13, sort_fixed=25e-6,
 )
 _KNOWN = {
     "H200": dict(_HOPPER, bandwidth=4.3e12, l2_bandwidth=9e12, gather_l2=1.0 / 1.6e11,
@@ -108,7 +108,8 @@ _KNOWN = {
     "H100": dict(_HOPPER, bandwidth=3.0e12, l2_bandwidth=8e12, gather_l2=1.0 / 1.6e11,
                  gather_dram=1.0 / 3.8e10, sort_per_byte=1.0 / 2.4e12),
     "A100": dict(smem_bytes=163 * 1024, launch=25e-6, torch_launch=6e-6, sync=15e-6,
-                 gather_smem=1.0 / 8e11, atomic=1.0 / 1.5e10, compare=1.0 / 2e13, sort_fixed=30e-6, bandwidth=1.6e12,
+                 gather_smem=1.0 / 8e11, atomic=1.0 / 1.5e10, compare=2e-13, sort_fixed=30e-6,
+                 bandwidth=1.6e12,
                  l2_bandwidth=4e12, gather_l2=1.0 / 8e10, gather_dram=1.0 / 2.5e10,
                  sort_per_byte=1.0 / 1.3e12),
 }
