@@ -1,0 +1,675 @@
+"""softmax / log_softmax: every backend and the backward against torch, on random and edge inputs,
+plus torch's argument rules and the dispatcher's selection.
+
+CPU tests run the Triton kernels through the interpreter with small shapes (module constants are
+lowered where a path needs long rows); the `gpu` tests repeat them at real sizes on CUDA. Every
+tensor the kernels write is poisoned first (filled with 7.0, which neither softmax <= 1 nor
+log_softmax <= 0 can produce), and every element is compared with a float64 reference, so an
+element a kernel forgets to write fails the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import opselect
+from opselect import ops
+from opselect.dispatch import get_op
+from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
+from opselect.kernels import softmax as sm
+
+pytestmark = [
+    # The interpreter runs kernels in numpy, which warns on -inf - -inf (NaN rows are expected).
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
+]
+
+TRITON = ["fused", "online", "multirow", "strided"]
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+POISON = 7.0
+# (atol, rtol) of an output of this dtype against the float64 reference.
+TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2), torch.float32: (2e-6, 2e-5),
+       torch.float64: (1e-12, 1e-10)}
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    """Kernel outputs start as POISON instead of whatever memory held."""
+    real = sm._new
+
+    def new(shape, dtype, device):
+        return real(shape, dtype, device).fill_(POISON)
+
+    monkeypatch.setattr(sm, "_new", new)
+
+
+def fn(log: bool):
+    return ops.log_softmax if log else ops.softmax
+
+
+def reference(x, dim, log, dtype=None):
+    """torch's op in float64 on the (cast) input, as the exact answer."""
+    src = x.detach().to(dtype) if dtype is not None else x.detach()
+    t = torch.log_softmax if log else torch.softmax
+    return t(src.double(), dim)
+
+
+def assert_matches(got, x, dim, log, dtype=None, backend=""):
+    out_dtype = dtype or x.dtype
+    assert got.dtype == out_dtype, f"{backend}: dtype {got.dtype}, expected {out_dtype}"
+    assert got.shape == x.shape, f"{backend}: shape {tuple(got.shape)}, expected {tuple(x.shape)}"
+    assert got.device == x.device
+    # torch's answer rounded once to the output dtype (log_softmax of huge values overflows there)
+    ref = reference(x, dim, log, dtype).to(out_dtype).double()
+    atol, rtol = TOL[out_dtype]
+    if log:
+        # log_softmax values grow with the spread of the row; compare relative to magnitude too.
+        atol = atol * 8
+    torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol, equal_nan=True,
+                               msg=lambda m: f"{backend} {'log_' if log else ''}softmax of "
+                                             f"{tuple(x.shape)} {x.dtype} dim {dim}: {m}")
+
+
+def supported(backend, shape, dim, dtype=torch.float32):
+    """Whether a backend takes a call (its supports(), on a meta tensor: no memory)."""
+    call = sm.prepare_softmax(torch.empty(shape, dtype=dtype, device="meta"), dim)
+    return get_op("softmax").backend(backend).supports(call) is None
+
+
+def spy(monkeypatch, *names):
+    """Record the grid of every launch of these kernels of the module (by name)."""
+    grids = {name: [] for name in names}
+    for name in names:
+        kernel = getattr(sm, name)
+
+        class Launcher:
+            def __getitem__(self, grid, kernel=kernel, name=name):
+                grids[name].append(tuple(grid))
+                return kernel[grid]
+
+        monkeypatch.setattr(sm, name, Launcher())
+    return grids
+
+
+def set_sm_count(monkeypatch, count):
+    """Pretend the device has `count` SMs (the launchers size grids and splits by it)."""
+    real = sm.device_info
+    monkeypatch.setattr(sm, "device_info",
+                        lambda dev: dataclasses.replace(real(dev), sm_count=count))
+
+
+def run_config(x, dim, log, backend, config, dtype=None):
+    """Run one backend with an explicit configuration (paths the default config does not take at
+    test sizes)."""
+    op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+    call = op.prepare(x, dim, dtype=dtype)
+    b = op.backend(backend)
+    assert b.supports(call) is None
+    return b.run(call, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward, every backend, on the interpreter
+# ---------------------------------------------------------------------------------------------
+CASES = {
+    "fused": [((7, 37), -1), ((3, 1000), 1), ((2, 3, 64), 2), ((1, 1), -1), ((5,), 0)],
+    "multirow": [((33, 7), -1), ((70, 1), 1), ((9, 256), -1), ((4, 5, 3), -1), ((3, 100), 1)],
+    "online": [((3, 1500), -1), ((2, 2, 1025), -1)],
+    "strided": [((4, 6, 5), 1), ((5, 3, 7), 0), ((3, 40), 0), ((2, 3, 4, 5), 1), ((9, 2), 0)],
+}
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("backend", TRITON)
+def test_backend_matches_torch(cpu_triton, backend, log):
+    torch.manual_seed(1)
+    for shape, dim in CASES[backend]:
+        x = torch.randn(shape) * 3
+        assert_matches(fn(log)(x, dim, backend=backend), x, dim, log, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("backend", TRITON)
+def test_dtypes(cpu_triton, backend, dtype):
+    torch.manual_seed(2)
+    shape, dim = CASES[backend][0]
+    x = (torch.randn(shape) * 4).to(dtype)
+    for log in (False, True):
+        assert_matches(fn(log)(x, dim, backend=backend), x, dim, log, backend=backend)
+
+
+@pytest.mark.parametrize("config", [
+    {"BLOCK_N": 256, "num_warps": 4, "SPLIT": 1},   # several chunks, two passes in one program
+    {"BLOCK_N": 128, "num_warps": 4, "SPLIT": 3},   # split rows: stats, then combine + normalise
+    {"BLOCK_N": 64, "num_warps": 4, "SPLIT": 40},   # more parts than needed: clamped
+])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
+    grids = spy(monkeypatch, "_online_fwd_kernel", "_split_stats_kernel", "_split_norm_kernel")
+    torch.manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        x = (torch.randn(3, 1100) * 5).to(dtype)
+        x[1, 700:] = float("-inf")  # whole chunks of -inf, after finite ones
+        x[2, :900] = float("-inf")  # whole chunks of -inf, before finite ones
+        got = run_config(x, -1, log, "online", config)
+        assert_matches(got, x, -1, log, backend=f"online {config}")
+    split = config["SPLIT"] > 1
+    assert len(grids["_online_fwd_kernel"]) == (0 if split else 3)
+    assert len(grids["_split_stats_kernel"]) == (3 if split else 0)
+    assert len(grids["_split_norm_kernel"]) == (3 if split else 0)
+    if split:  # 1100 elements in chunks of whole blocks: never more parts than blocks
+        parts = grids["_split_stats_kernel"][0][0] // 3
+        assert 1 < parts <= -(-1100 // config["BLOCK_N"])
+
+
+@pytest.mark.parametrize("config", [
+    {"BLOCK_I": 4, "TILE": 32, "WARP_SCALE": 1},   # the dim in chunks of 2: two passes
+    {"BLOCK_I": 2, "TILE": 1024, "WARP_SCALE": 2},  # narrow column blocks, whole dim at once
+    {"BLOCK_I": 64, "TILE": 64, "WARP_SCALE": 1},   # block wider than inner: clamped
+])
+def test_strided_configs(cpu_triton, config):
+    torch.manual_seed(4)
+    x = torch.randn(3, 37, 5) * 3
+    x[1, :, 2] = float("-inf")
+    x[2, :20, 0] = float("-inf")
+    for log in (False, True):
+        assert_matches(run_config(x, 1, log, "strided", config), x, 1, log, backend="strided")
+    bi, bn, single = sm._strided_plan(37, 5, 3, 4, 2, config["BLOCK_I"], config["TILE"])
+    assert single == (config["TILE"] >= 64 * bi) and bi <= 8 and (single or bn < 37)
+
+
+def test_multirow_configs(cpu_triton):
+    torch.manual_seed(5)
+    x = torch.randn(37, 12)
+    for cfg in ({"BLOCK_R": 8, "num_warps": 4, "NUM_STAGES": 2},
+                {"BLOCK_R": 1024, "num_warps": 8, "NUM_STAGES": 1}):
+        assert_matches(run_config(x, -1, False, "multirow", cfg), x, -1, False, backend="multirow")
+
+
+def test_many_tiles_per_program(cpu_triton, monkeypatch):
+    """The persistent-style loop: each program takes several tiles, the last one partly empty."""
+    monkeypatch.setattr(sm, "WAVES", 1)
+    monkeypatch.setattr(sm, "_resident", lambda *a: 2)
+    grids = spy(monkeypatch, "_rows_fwd_kernel")
+    torch.manual_seed(6)
+    x = torch.randn(23, 9)
+    for log in (False, True):
+        assert_matches(fn(log)(x, backend="fused"), x, -1, log, backend="fused")
+        assert_matches(run_config(x, -1, log, "multirow", {"BLOCK_R": 2, "num_warps": 4,
+                                                           "NUM_STAGES": 2}),
+                       x, -1, log, backend="multirow")
+    # fused: 23 one-row tiles over 2 programs' worth; multirow: 12 two-row tiles
+    assert grids["_rows_fwd_kernel"] == [(3,), (2,)] * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts: any dim, any rank, non-contiguous inputs
+# ---------------------------------------------------------------------------------------------
+def layouts():
+    torch.manual_seed(7)
+    base = torch.randn(4, 6, 10)
+    return {
+        "transposed": (base.transpose(0, 2), -1),          # the dim has stride 24: copied
+        "row-slice": (base[:, :, 1:8], -1),                 # rows with a gap: read in place
+        "every-other-row": (base[:, ::2], -1),              # rows with a gap of one row
+        "strided-outer": (base[::2, :5], -1),                # outer dims that do not collapse
+        "broadcast": (torch.randn(1, 10).expand(5, 10), 1),  # row stride 0
+        "permuted-mid": (base.permute(1, 0, 2), 1),          # strided over dim 1
+        "inner-slice": (base[:, :, :7], 1),                  # strided, inner rows with a gap
+        "channels-last": (torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), 1),
+    }
+
+
+@pytest.mark.parametrize("name", list(layouts()))
+def test_non_contiguous(cpu_triton, name):
+    x, dim = layouts()[name]
+    call = sm.prepare_softmax(x, dim)
+    able = [b for b in TRITON if get_op("softmax").backend(b).supports(call) is None]
+    assert able
+    for backend in able:
+        for log in (False, True):
+            assert_matches(fn(log)(x, dim, backend=backend), x, dim, log, backend=backend)
+
+
+def test_layout_analysis():
+    """Which inputs the kernels read in place (no copy): the fast flag of the call."""
+    base = torch.randn(4, 6, 10)
+    assert sm.prepare_softmax(base, -1).fast
+    assert sm.prepare_softmax(base[:, :, 1:8], -1).fast
+    assert sm.prepare_softmax(base[:, ::2], -1).fast
+    assert not sm.prepare_softmax(base[::2, :5], -1).fast  # outer dims do not collapse
+    assert sm.prepare_softmax(base.permute(1, 0, 2), 1).fast
+    assert sm.prepare_softmax(base[:, :, :7], 1).fast
+    assert not sm.prepare_softmax(base.transpose(0, 2), -1).fast
+    assert not sm.prepare_softmax(base.transpose(0, 1), -1).fast  # outer dims do not collapse
+    assert not sm.prepare_softmax(base.transpose(1, 2), 0).fast   # inner dims do not collapse
+    assert not sm.prepare_softmax(base, -1, dtype=torch.float16).fast  # narrowing cast first
+    assert sm.prepare_softmax(base.half(), -1, dtype=torch.float32).fast  # widening: fused
+    c = sm.prepare_softmax(base, 1)
+    assert (c.outer, c.n, c.inner) == (4, 6, 10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+       dim_seed=st.integers(0, 100), log=st.booleans(), transpose=st.booleans(),
+       data=st.data())
+def test_property_any_shape(shape, dim_seed, log, transpose, data):
+    from opselect.dispatch.device import INTERPRETED
+
+    if not INTERPRETED:  # (the cpu_triton fixture cannot be used with @given)
+        pytest.skip("Triton interpreter tests (run without a GPU, TRITON_INTERPRET=1)")
+    x = torch.randn(shape) * 4
+    if transpose and x.dim() >= 2:
+        x = x.transpose(0, -1)
+    dim = dim_seed % x.dim() - (x.dim() if dim_seed % 2 else 0)
+    call = sm.prepare_softmax(x, dim)
+    able = [b for b in TRITON if get_op("softmax").backend(b).supports(call) is None]
+    backend = data.draw(st.sampled_from(able or ["torch"]))
+    assert_matches(fn(log)(x, dim, backend=backend), x, dim, log, backend=backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge values, casts, empty and 0-d inputs
+# ---------------------------------------------------------------------------------------------
+def edge_rows(dtype):
+    big = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).tiny
+    inf, nan = float("inf"), float("nan")
+    rows = [
+        [-inf] * 8,                                   # all -inf: NaN, as torch
+        [-inf, 0, -inf, 1, -inf, -inf, 2, -inf],      # some -inf: exact zeros there
+        [inf, 0, 1, 2, 3, 4, 5, 6],                   # +inf: NaN row
+        [nan, 0, 1, 2, 3, 4, 5, 6],                   # NaN: NaN row
+        [big, big, -big, 0, big / 2, -big, 1, big],   # huge values: no overflow of x - max
+        [tiny, -tiny, tiny * 2, 0, tiny, tiny, 0, 0],  # tiny values: uniform
+        [0, -100, -200, -1000, 0, 5, -1e4, 3],        # exp underflows to 0, log stays finite
+        [1, 1, 1, 1, 1, 1, 1, 1],
+    ]
+    return torch.tensor(rows, dtype=torch.float64).to(dtype)  # every value is exact in dtype
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d)[6:])
+def test_edge_values(cpu_triton, dtype):
+    x = edge_rows(dtype)
+    assert x.isnan().any() and x.isinf().any()
+    for log in (False, True):
+        for backend in ("fused", "multirow"):
+            assert_matches(fn(log)(x, -1, backend=backend), x, -1, log, backend=backend)
+        # the same rows as columns: strided
+        xt = x.t().contiguous()
+        assert_matches(fn(log)(xt, 0, backend="strided"), xt, 0, log, backend="strided")
+        # and long rows through online (pad each row with -inf to 1100 elements)
+        pad = torch.full((8, 1092), float("-inf"), dtype=dtype)
+        xl = torch.cat([x, pad], 1)
+        got = run_config(xl, -1, log, "online", {"BLOCK_N": 128, "num_warps": 4, "SPLIT": 2})
+        assert_matches(got, xl, -1, log, backend="online")
+
+
+def test_exact_zero_and_nan_positions(cpu_triton):
+    x = torch.tensor([[float("-inf"), 0.0, float("-inf"), 0.0], [float("-inf")] * 4])
+    for backend in ("fused", "multirow"):
+        y = ops.softmax(x, backend=backend)
+        assert torch.equal(y[0], torch.tensor([0.0, 0.5, 0.0, 0.5]))
+        assert y[1].isnan().all()
+        ly = ops.log_softmax(x, backend=backend)
+        assert ly[0, 0] == float("-inf") and ly[1].isnan().all()
+
+
+@pytest.mark.parametrize("src,dst", [
+    (torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float64),
+    (torch.float32, torch.float16), (torch.float64, torch.bfloat16),
+    (torch.float16, torch.bfloat16),
+    (torch.int64, torch.float32), (torch.bool, torch.float32), (torch.float32, torch.float32),
+], ids=lambda d: str(d)[6:])
+def test_dtype_argument(cpu_triton, src, dst):
+    torch.manual_seed(8)
+    x = (torch.randn(5, 33) * 8).to(src)
+    x3 = (torch.randn(3, 4, 6) * 8).to(src)
+    for log in (False, True):
+        for backend in ("fused", "multirow"):
+            got = fn(log)(x, -1, dtype=dst, backend=backend)
+            assert_matches(got, x, -1, log, dtype=dst, backend=backend)
+        got = fn(log)(x3, 1, dtype=dst, backend="strided")
+        assert_matches(got, x3, 1, log, dtype=dst, backend="strided")
+
+
+@pytest.mark.parametrize("shape,dim", [((0, 5), 0), ((0, 5), 1), ((5, 0), 1), ((5, 0), 0),
+                                       ((3, 0, 4), 1), ((3, 0, 4), 2), ((0,), 0)])
+def test_empty(cpu_triton, shape, dim):
+    x = torch.randn(shape)
+    call = sm.prepare_softmax(x, dim)
+    able = [b for b in TRITON if get_op("softmax").backend(b).supports(call) is None]
+    for backend in ["torch", *able]:
+        for log in (False, True):
+            y = fn(log)(x, dim, backend=backend)
+            assert y.shape == x.shape and y.dtype == x.dtype
+            xg = x.clone().requires_grad_()
+            y = fn(log)(xg, dim, backend=backend)
+            y.sum().backward()
+            assert xg.grad.shape == x.shape
+
+
+def test_zero_dim(cpu_triton):
+    for v in (3.0, float("-inf"), float("nan")):
+        x = torch.tensor(v)
+        for dim in (0, -1):
+            for backend in ("fused", "multirow"):
+                for log in (False, True):
+                    assert_matches(fn(log)(x, dim, backend=backend), x, dim, log, backend=backend)
+    xg = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    ops.softmax(xg, 0, backend="fused").backward()
+    assert xg.grad.item() == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------
+def grads(x, dim, log, backend, upstream, dtype=None):
+    """(ours, torch's) gradient of sum(out * upstream) w.r.t. x; torch's in float64."""
+    xa = x.detach().clone().requires_grad_()
+    out = fn(log)(xa, dim, dtype=dtype, backend=backend)
+    assert out.requires_grad
+    out.backward(upstream.to(out.dtype))
+    xr = x.detach().double().requires_grad_()
+    src = xr.to(dtype).double() if dtype is not None else xr
+    (torch.log_softmax if log else torch.softmax)(src, dim).backward(upstream.double())
+    return xa.grad, xr.grad
+
+
+def assert_grad(got, ref, dtype, what):
+    assert got.dtype == dtype, what
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(got.double(), ref, atol=atol * 10, rtol=rtol * 4, equal_nan=True,
+                               msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("backend", TRITON)
+def test_backward(cpu_triton, backend, log):
+    torch.manual_seed(9)
+    for shape, dim in CASES[backend][:3]:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = (torch.randn(shape) * 2).to(dtype)
+            g = torch.randn(shape)
+            got, ref = grads(x, dim, log, backend, g)
+            assert_grad(got, ref, dtype, f"{backend} {shape} dim {dim} {dtype}")
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_backward_paths(cpu_triton, monkeypatch, log):
+    """The backward's own paths at small sizes: rows in two passes, split rows, strided chunks,
+    a non-contiguous upstream gradient, and a widening dtype= (dx in the input's dtype)."""
+    monkeypatch.setattr(sm, "BWD_SINGLE_MAX", 64)
+    monkeypatch.setattr(sm, "BWD_SINGLE_MAX_F64", 64)
+    grids = spy(monkeypatch, "_rows_bwd_kernel", "_split_bwd_sum_kernel",
+                "_split_bwd_apply_kernel", "_strided_bwd_kernel")
+    torch.manual_seed(10)
+    # rows longer than BWD_SINGLE_MAX, more rows than SMs: the rows kernel, two passes
+    set_sm_count(monkeypatch, 2)
+    x = torch.randn(3, 300)
+    got, ref = grads(x, -1, log, "fused", torch.randn(x.shape))
+    assert_grad(got, ref, torch.float32, "rows two-pass")
+    assert len(grids["_rows_bwd_kernel"]) == 1 and not grids["_split_bwd_sum_kernel"]
+    # one long row on a device with many SMs: split over programs
+    set_sm_count(monkeypatch, 8)
+    x = torch.randn(1, 5000, dtype=torch.float64)
+    got, ref = grads(x, -1, log, "online", torch.randn(x.shape))
+    assert_grad(got, ref, torch.float64, "split rows")
+    assert len(grids["_split_bwd_sum_kernel"]) == len(grids["_split_bwd_apply_kernel"]) == 1
+    assert grids["_split_bwd_sum_kernel"][0][0] > 1
+    # strided with the dim in chunks
+    monkeypatch.setattr(sm, "TILE_MAX", 64)
+    x = torch.randn(2, 50, 6)
+    got, ref = grads(x, 1, log, "strided", torch.randn(x.shape))
+    assert_grad(got, ref, torch.float32, "strided chunks")
+    assert len(grids["_strided_bwd_kernel"]) == 1
+    assert not sm._strided_plan(50, 6, 2, 4, 8, tile=32)[2]
+    # upstream gradient with stride 0 (from expand) and transposed
+    x = torch.randn(4, 9)
+    got, ref = grads(x, -1, log, "multirow", torch.randn(1, 9).expand(4, 9))
+    assert_grad(got, ref, torch.float32, "expanded upstream")
+    got, ref = grads(x, -1, log, "fused", torch.randn(9, 4).t())
+    assert_grad(got, ref, torch.float32, "transposed upstream")
+    # dtype=float32 of a float16 input: the grad comes back in float16
+    x = torch.randn(4, 9).half()
+    got, ref = grads(x, -1, log, "fused", torch.randn(4, 9), dtype=torch.float32)
+    assert_grad(got, ref, torch.float16, "widening dtype")
+    # a narrowing dtype= goes through torch's cast, whose backward widens again
+    x = torch.randn(4, 9)
+    got, ref = grads(x, -1, log, "fused", torch.randn(4, 9), dtype=torch.float16)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_gradcheck(cpu_triton):
+    torch.manual_seed(11)
+    for backend, shape, dim in (("fused", (2, 5), -1), ("strided", (2, 3, 2), 1)):
+        for log in (False, True):
+            x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+            assert torch.autograd.gradcheck(lambda t: fn(log)(t, dim, backend=backend), (x,))
+
+
+def test_double_backward(cpu_triton):
+    """create_graph=True: the backward is built from differentiable ops."""
+    torch.manual_seed(12)
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    for log in (False, True):
+        assert torch.autograd.gradgradcheck(lambda t: fn(log)(t, -1, backend="multirow"), (x,))
+
+
+def test_no_graph_without_grad(cpu_triton):
+    x = torch.randn(3, 5, requires_grad=True)
+    with torch.no_grad():
+        y = ops.softmax(x, backend="fused")
+    assert not y.requires_grad
+    y = ops.softmax(x.detach(), backend="fused")
+    assert y.grad_fn is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument rules and selection
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_errors(log):
+    f = fn(log)
+    x = torch.randn(3, 4)
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        f(x, 2)
+    with pytest.raises(IndexError, match=r"\[-2, 1\]"):
+        f(x, -3)
+    with pytest.raises(IndexError):
+        f(torch.tensor(1.0), 1)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        f(x, 0.5)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        f(x, None)
+    with pytest.raises(TypeError, match="input must be a tensor"):
+        f([1.0, 2.0], 0)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        f(x, 0, dtype="float32")
+    with pytest.raises(UnsupportedDType, match="int64.*pass dtype="):
+        f(torch.arange(4), 0)
+    with pytest.raises(RuntimeError):  # as torch's NotImplementedError, a RuntimeError
+        f(torch.arange(4), 0)
+    with pytest.raises(UnsupportedDType, match="dtype is int32"):
+        f(x, 0, dtype=torch.int32)
+    with pytest.raises(UnsupportedDType, match="complex64"):
+        f(torch.randn(3, dtype=torch.complex64), 0)
+    with pytest.raises(InvalidArgument):
+        f("x", 0)
+
+
+def test_backend_errors(cpu_triton):
+    x = torch.randn(3, 4, 5)
+    with pytest.raises(BackendError, match="unknown backend 'nope'"):
+        ops.softmax(x, backend="nope")
+    with pytest.raises(BackendError,
+                       match="fused.*not the innermost.*Backends that can: torch, strided"):
+        ops.softmax(x, 1, backend="fused")
+    with pytest.raises(BackendError, match="strided.*is the innermost"):
+        ops.log_softmax(x, -1, backend="strided")
+    with pytest.raises(BackendError, match="multirow.*at most 256"):
+        ops.softmax(torch.randn(2, 300), backend="multirow")
+    with pytest.raises(BackendError, match="online is for rows longer"):
+        ops.softmax(torch.randn(2, 300), backend="online")
+    with pytest.raises(BackendError, match="fused takes at most 32768"):
+        ops.softmax(torch.empty(1, 40000), backend="fused")
+
+
+def test_cpu_without_interpreter_uses_torch(monkeypatch):
+    """A CPU tensor without the interpreter: only torch can run it, and auto picks it."""
+    info = sm.device_info(torch.device("cpu"))
+    monkeypatch.setattr(type(info), "runs_triton", property(lambda self: False))
+    x = torch.randn(4, 8)
+    d = opselect.explain("softmax", x, show=False)
+    assert d.choice == "torch"
+    torch.testing.assert_close(ops.softmax(x), torch.softmax(x, -1))
+    with pytest.raises(BackendError, match="Triton kernels need a CUDA tensor"):
+        ops.softmax(x, backend="fused")
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_auto_and_tuning(cpu_triton, log):
+    torch.manual_seed(13)
+    x = torch.randn(6, 20)
+    name = "log_softmax" if log else "softmax"
+    d = opselect.explain(name, x, show=False)
+    assert d.candidate(d.choice).supported
+    assert {c.name for c in d.candidates if c.supported} == {"torch", "fused", "multirow"}
+    assert_matches(fn(log)(x), x, -1, log, backend="auto")
+    with opselect.tuning():
+        y = fn(log)(x)
+    assert_matches(y, x, -1, log, backend="auto-tuned")
+    tuned = opselect.explain(name, x, show=False)
+    assert all(c.measured_s is not None for c in tuned.candidates if c.supported)
+    assert tuned.candidate(tuned.choice).measured_s == min(
+        c.measured_s for c in tuned.candidates if c.supported)
+
+
+def test_sample():
+    for opts, expect_dim in (({}, -1), ({"dim": 1}, 1), ({"dim": 0, "out_dtype": "float32"}, 0)):
+        args, kwargs = sm.sample([[4, 5, 6]], torch.float16, dict(opts), torch.device("cpu"))
+        assert args[0].shape == (4, 5, 6) and args[0].dtype == torch.float16
+        assert kwargs["dim"] == expect_dim
+        y = ops.softmax(*args, backend="torch", **kwargs)
+        assert y.dtype == (torch.float32 if "out_dtype" in opts else torch.float16)
+    with pytest.raises(InvalidArgument, match="unknown options"):
+        sm.sample([[4]], torch.float32, {"k": 3}, torch.device("cpu"))
+    with pytest.raises(InvalidArgument, match="one shape"):
+        sm.sample([[4], [5]], torch.float32, {}, torch.device("cpu"))
+
+
+def test_cost_model_prefers_sensible_backends():
+    """The cold choice on an H200 (default constants) for the issue's typical cases."""
+    from opselect.dispatch.device import DeviceInfo
+    from opselect.heuristics.device_model import defaults_for
+
+    info = DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 0)
+    model = defaults_for(info)
+    op = get_op("softmax")
+
+    def costs(shape, dim=-1, dtype=torch.float32):
+        call = sm.prepare_softmax(torch.empty(shape, dtype=dtype, device="meta"), dim)
+        call.info = info
+        return {b.name: b.cost(call, model).seconds for b in op.backends
+                if b.supports(call) is None}
+
+    c = costs((1048576, 64))
+    assert c["multirow"] < c["fused"] and c["multirow"] < c["torch"]
+    c = costs((4096, 16384))
+    assert c["fused"] < c["torch"] and c["fused"] < c["online"]  # torch reads 16K fp32 rows 3x
+    c = costs((32, 1048576))
+    assert set(c) == {"torch", "online"} and c["online"] < c["torch"]
+    c = costs((64, 512, 512), dim=1, dtype=torch.float16)
+    assert set(c) == {"torch", "strided"}
+    assert all(v > 0 and math.isfinite(v) for v in c.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: real sizes
+# ---------------------------------------------------------------------------------------------
+GPU_CASES = [
+    ("fused", (4096, 1000), -1), ("fused", (2048, 4096), -1), ("fused", (512, 32768), -1),
+    ("multirow", (65536, 64), -1), ("multirow", (10000, 7), -1), ("multirow", (4096, 256), -1),
+    ("online", (64, 131072), -1), ("online", (4, 1 << 20), -1), ("online", (300, 50257), -1),
+    ("strided", (64, 512, 512), 1), ("strided", (512, 64, 512), 0), ("strided", (8, 4096, 48), 1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,shape,dim", GPU_CASES)
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d)[6:])
+def test_gpu_forward(cuda, backend, shape, dim, dtype):
+    if not supported(backend, shape, dim, dtype):
+        pytest.skip(f"{backend} does not take {shape} {dtype}")
+    torch.manual_seed(20)
+    x = (torch.randn(shape, device=cuda) * 4).to(dtype)
+    for log in (False, True):
+        assert_matches(fn(log)(x, dim, backend=backend), x, dim, log, backend=backend)
+    if dtype in (torch.float16, torch.bfloat16):
+        assert_matches(ops.softmax(x, dim, dtype=torch.float32, backend=backend), x, dim, False,
+                       dtype=torch.float32, backend=backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,shape,dim", GPU_CASES)
+def test_gpu_backward(cuda, backend, shape, dim):
+    torch.manual_seed(21)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(shape, device=cuda) * 2).to(dtype)
+        for log in (False, True):
+            got, ref = grads(x, dim, log, backend, torch.randn(shape, device=cuda))
+            assert_grad(got, ref, dtype, f"{backend} {shape} {dtype}")
+
+
+@pytest.mark.gpu
+def test_gpu_edges_and_layouts(cuda):
+    for dtype in FLOATS:
+        x = edge_rows(dtype).to(cuda).repeat(16, 200)  # 128 rows of 1600
+        for log in (False, True):
+            for backend in ("fused", "online"):
+                assert_matches(fn(log)(x, -1, backend=backend), x, -1, log, backend=backend)
+            xt = x.t().contiguous()
+            assert_matches(fn(log)(xt, 0, backend="strided"), xt, 0, log, backend="strided")
+    base = torch.randn(64, 96, 130, device=cuda)
+    for x, dim in ((base.transpose(0, 2), -1), (base[:, :, 3:120], -1), (base[::3], -1),
+                   (base.permute(1, 0, 2), 1), (base[:, :, :77], 1)):
+        for backend in TRITON:
+            call = sm.prepare_softmax(x, dim)
+            if get_op("softmax").backend(backend).supports(call) is None:
+                assert_matches(ops.softmax(x, dim, backend=backend), x, dim, False, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_never_wrong(cuda):
+    torch.manual_seed(22)
+    for shape, dim in ((4096, 4096), -1), ((1 << 20, 64), -1), ((16, 256, 256), 0):
+        x = torch.randn(shape, device=cuda, dtype=torch.bfloat16)
+        assert_matches(ops.softmax(x, dim), x, dim, False, backend="auto")
+        with opselect.tuning():
+            assert_matches(ops.log_softmax(x, dim), x, dim, True, backend="auto-tuned")
+
+
+@pytest.mark.gpu
+def test_gpu_int64_offsets(cuda):
+    """More than 2**31 elements: 64-bit offsets (about 8.6 GB of float16 in and out)."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 12 * 2**30:
+        pytest.skip("needs ~12 GB of free GPU memory")
+    x = torch.randn(65537, 32768, device=cuda, dtype=torch.float16)
+    y = ops.softmax(x, -1, backend="fused")
+    tail = slice(-3, None)
+    ref = torch.softmax(x[tail].float(), -1)
+    torch.testing.assert_close(y[tail].float(), ref, atol=1e-3, rtol=2e-3)
+    del y
+    y = ops.softmax(x.view(65537, 64, 512), 1, backend="strided")
+    ref = torch.softmax(x.view(65537, 64, 512)[tail].float(), 1)
+    torch.testing.assert_close(y[tail].float(), ref, atol=1e-3, rtol=2e-3)
