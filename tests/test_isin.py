@@ -311,7 +311,7 @@ def test_gpu_edges(cuda, backend):
         check(e, torch.tensor([info.min, 1], dtype=dtype, device=cuda), backend)
     base = torch.arange(1 << 16, device=cuda, dtype=torch.int32).reshape(256, 256)
     check(base.t(), torch.tensor([5, 70000, 255], device=cuda, dtype=torch.int32), backend)
-    check(torch.empty(0, device=cuda, dtype=torch.int32), base, backend)
+    check(torch.empty(0, device=cuda, dtype=torch.int32), base[:8], backend)
 
 
 @pytest.mark.gpu

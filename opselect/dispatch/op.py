@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+import torch
+
 from ..errors import BackendError
 from . import tuning_mode as _tuning
 from .backend import Backend
@@ -54,10 +56,14 @@ class Op:
 
     def __init__(self, name: str, prepare: Callable[..., Call], backends: Sequence[Backend],
                  sample: Callable[..., tuple[tuple, dict]] | None = None,
-                 calibration: Sequence[tuple[list, Any, dict]] = ()):
+                 calibration: Sequence[tuple[list, Any, dict]] = (),
+                 timed: Callable[[Call, Callable[[], Any]], Callable[[], Any]] | None = None):
         self.name = name
         self.prepare = prepare
         self.sample = sample
+        #: what tuning times for a call, given the function that runs one backend on it (an op
+        #: under autograd times its backward too, since that is what the user's step pays)
+        self.timed = timed
         #: (shapes, dtype, options) for sample(): the shapes `opselect calibrate` fits on
         self.calibration = list(calibration)
         self.backends: tuple[Backend, ...] = tuple(backends)
@@ -80,6 +86,11 @@ class Op:
                 choice = self._select(call)
         else:
             choice = self._forced.get((backend, call.key)) or self._force(call, backend)
+        info = call.info
+        if info.type == "cuda" and info.index != torch.cuda.current_device():
+            # Triton launches on the current device, not the tensors': switch for this call.
+            with torch.cuda.device(info.index):
+                return choice.backend.run(call, choice.config)
         return choice.backend.run(call, choice.config)
 
     @property
@@ -189,8 +200,10 @@ class Op:
         device = _device_of(call)
         best_t, best_cfg = math.inf, dict(backend.configs(call)[0])
         for cfg in backend.configs(call):
-            t = _tuning.measure_safely(lambda: backend.run(call, cfg), device,
-                                       f"{self.name}/{backend.name} {dict(cfg)}")
+            fn = lambda cfg=cfg: backend.run(call, cfg)  # noqa: E731
+            if self.timed is not None:
+                fn = self.timed(call, fn)
+            t = _tuning.measure_safely(fn, device, f"{self.name}/{backend.name} {dict(cfg)}")
             if t < best_t:
                 best_t, best_cfg = t, dict(cfg)
         return best_t, best_cfg
@@ -221,8 +234,6 @@ class Op:
 
 
 def _device_of(call: Call) -> Any:
-    import torch
-
     info = call.info
     return torch.device(info.type, info.index) if info.index is not None else torch.device(info.type)
 

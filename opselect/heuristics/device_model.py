@@ -96,22 +96,22 @@ class DeviceModel:
         return est
 
 
-# Defaults from datasheets and one measurement each on this workplace's machines (see
-# benchmarks/results/): used until `opselect calibrate` replaces them.
+# Defaults: the H200's constants as `opselect calibrate` measured them on this workplace's H200
+# (2026-11-22, torch 2.11, triton 3.6); the H100 shares the chip, with slower memory; the A100's are
+# datasheet estimates. `opselect calibrate` replaces them with your machine's.
 _HOPPER = dict(
-    smem_bytes=227 * 1024, launch=25e-6, torch_launch=6e-6, sync=15e-6, gather_smem=1.0 / 1.5e12,
-    atomic=1.0 / 2.5e10, compare=1e-13, sort_fixed=25e-6,
+    smem_bytes=227 * 1024, launch=14e-6, torch_launch=8.7e-6, sync=21e-6, gather_l2=5.6e-12,
+    gather_smem=4.2e-13, atomic=1.4e-11, compare=1.06e-13, sort_fixed=14e-6,
 )
 _KNOWN = {
-    "H200": dict(_HOPPER, bandwidth=4.3e12, l2_bandwidth=9e12, gather_l2=1.0 / 1.6e11,
-                 gather_dram=1.0 / 5e10, sort_per_byte=1.0 / 3.2e12),
-    "H100": dict(_HOPPER, bandwidth=3.0e12, l2_bandwidth=8e12, gather_l2=1.0 / 1.6e11,
-                 gather_dram=1.0 / 3.8e10, sort_per_byte=1.0 / 2.4e12),
-    "A100": dict(smem_bytes=163 * 1024, launch=25e-6, torch_launch=6e-6, sync=15e-6,
-                 gather_smem=1.0 / 8e11, atomic=1.0 / 1.5e10, compare=2e-13, sort_fixed=30e-6,
-                 bandwidth=1.6e12,
-                 l2_bandwidth=4e12, gather_l2=1.0 / 8e10, gather_dram=1.0 / 2.5e10,
-                 sort_per_byte=1.0 / 1.3e12),
+    "H200": dict(_HOPPER, bandwidth=4.1e12, l2_bandwidth=9e12, gather_dram=2.4e-11,
+                 sort_per_byte=3.3e-13),
+    "H100": dict(_HOPPER, bandwidth=3.0e12, l2_bandwidth=8e12, gather_dram=3.4e-11,
+                 sort_per_byte=4.5e-13),
+    "A100": dict(smem_bytes=163 * 1024, launch=16e-6, torch_launch=9e-6, sync=25e-6,
+                 gather_smem=8e-13, atomic=2.5e-11, compare=2e-13, sort_fixed=20e-6,
+                 bandwidth=1.6e12, l2_bandwidth=4e12, gather_l2=1.1e-11, gather_dram=4.5e-11,
+                 sort_per_byte=8e-13),
 }
 
 

@@ -39,10 +39,21 @@ def torch_(call, model):
                           memory=model.stream(m * (s + 1 + 16)))
 
 
-def compare(call, model):
+#: Seconds per step of the compare kernel's loop over the test set, when that loop, not the
+#: memory, is the bound (one program walks the whole test set): a scalar load, a compare and an or
+#: for the streaming variant; a [64, 64] tile for the tiled one.
+COMPARE_STEP_S = {1: 60e-9, 64: 300e-9}
+
+
+def compare(call, model, *, tile_n: int = 1, block: int = 2048):
+    m, n = call.m, call.n
+    programs = max(1, -(-m // block))
+    waves = -(-programs // (4 * model.sm_count))
+    steps = n if tile_n == 1 else -(-n // tile_n)
+    latency = waves * steps * COMPARE_STEP_S[1 if tile_n == 1 else 64]
     return model.estimate(OP, "compare", triton=True, launch=model.launch + model.torch_launch,
                           memory=_stream(call, model),
-                          compares=call.m * max(call.n, 16) * model.compare)
+                          compares=max(m * max(n, 16) * model.compare, latency))
 
 
 def search(call, model):
@@ -61,18 +72,22 @@ def table_bytes(call, slots_per_key: int = 4) -> int:
     return (1 << max(4, (slots_per_key * call.n - 1).bit_length())) * key_bytes
 
 
-def hash_(call, model, *, local_table_bytes: int):
+#: Shared-memory bytes/s a whole GPU writes when every program stages an on-chip table (Triton
+#: copies the table into shared memory at each gather).
+SMEM_STAGING_BPS = 3e13
+
+
+def hash_(call, model, *, local_table_bytes: int, block: int = 2048):
     m, n = call.m, call.n
     t_bytes = table_bytes(call)
-    local = t_bytes <= local_table_bytes
-    # Linear probing at load factor 1/8..1/4: about 1.2 lookups per element on average, but a
-    # block waits for its longest probe; 2 per element is the planning figure.
-    probes = 2.0 * (model.gather(m, 0, on_chip=True) if local else model.gather(m, t_bytes))
-    if local:
-        # Each program copies the table on chip before its blocks.
-        programs = max(1, m // 8192)
-        probes += model.stream(min(programs, 4 * model.sm_count) * t_bytes) * 0.25
-    build = model.stream(t_bytes) + n * model.atomic
+    if t_bytes <= local_table_bytes:
+        # One gather of a 4-slot bucket per element from the on-chip copy, which is staged
+        # again for every block of `block` elements.
+        probes = 2 * m * model.gather_smem + (m / block) * t_bytes / SMEM_STAGING_BPS
+    else:
+        # One 16/32-byte bucket per element, read through L2 (or DRAM when the table is big).
+        probes = model.gather(1.1 * m, t_bytes)
+    build = model.stream(t_bytes) + 1.3 * n * model.atomic
     return model.estimate(OP, "hash", triton=True, launch=2 * model.launch + 3 * model.torch_launch,
                           memory=_stream(call, model), build=build, probes=probes)
 

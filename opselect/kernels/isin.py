@@ -39,6 +39,8 @@ from ._common import FLOAT_DTYPES, cdiv, flat, needs_int64, next_pow2
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
 LOCAL_TABLE_BYTES = 16 * 1024
+# Slots per hash bucket: a lookup reads a bucket in one access (16 bytes of int32 keys).
+BUCKET = tl.constexpr(4)
 # The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
 BITMAP_MAX_BITS = 1 << 28  # 32 MiB
 
@@ -79,30 +81,46 @@ def _to_key(v, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr):
 
 @triton.jit
 def _hash(key, log_t, KEY_BITS: tl.constexpr):
-    """Multiplicative (Fibonacci) hashing: the top log_t bits of key * 2^32/phi (mod 2^32)."""
+    """A slot in [0, 2**log_t): the top bits of murmur3's finaliser of the key. Multiplying alone
+    would leave keys with many low zero bits (floats of small integers) bunched together."""
     if KEY_BITS == 64:
-        lo = key.to(tl.int32)
-        hi = (key >> 32).to(tl.int32)
-        key = lo ^ (hi * -2048144789)  # 0x85EBCA6B: mixes the high word in before the multiply
-    mixed = (key * -1640531535).to(tl.uint32, bitcast=True)  # 0x9E3779B1 as int32
-    return (mixed >> (32 - log_t)).to(tl.int32)
+        h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -1640531535)  # fold in the high word
+    else:
+        h = key
+    h = h.to(tl.uint32, bitcast=True)
+    h = h ^ (h >> 16)
+    h = (h.to(tl.int32, bitcast=True) * -2048144789).to(tl.uint32, bitcast=True)  # 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = (h.to(tl.int32, bitcast=True) * -1028477387).to(tl.uint32, bitcast=True)  # 0xC2B2AE35
+    h = h ^ (h >> 16)
+    return (h >> (32 - log_t)).to(tl.int32)
 
 
 @triton.jit
-def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N,
-                    INVERT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl.constexpr,
+                    TILE_N: tl.constexpr, I64: tl.constexpr):
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < M
     x = _widen_half(tl.load(x_ptr + offs, mask=ok))
-    found = tl.zeros([BLOCK], dtype=tl.int1)
-    # Each test element is one scalar load, the same address for every lane (a broadcast from
-    # L1), then one compare and one or per element: for small N the kernel streams at memory speed.
-    for j in range(0, N):
-        # == is IEEE equality: NaN matches nothing, -0.0 matches 0.0, as torch.isin.
-        found = found | (x == _widen_half(tl.load(t_ptr + j)))
+    # == is IEEE equality: NaN matches nothing, -0.0 matches 0.0, as torch.isin.
+    if TILE_N == 1:
+        # Many elements: each test element is one scalar load, the same address for every lane
+        # (a broadcast from L1), then one compare and one or per element.
+        found = tl.zeros([BLOCK], dtype=tl.int1)
+        for j in range(0, N):
+            found = found | (x == _widen_half(tl.load(t_ptr + j)))
+    else:
+        # Few elements (few programs): a [BLOCK, TILE_N] tile of comparisons per step, so each
+        # program walks the test set TILE_N elements at a time instead of one.
+        hit = tl.zeros([BLOCK, TILE_N], dtype=tl.int1)
+        for start in range(0, N, TILE_N):
+            cols = start + tl.arange(0, TILE_N)
+            t = _widen_half(tl.load(t_ptr + cols, mask=cols < N))
+            hit = hit | ((x[:, None] == t[None, :]) & (cols < N)[None, :])
+        found = tl.max(hit.to(tl.int8), axis=1) > 0
     tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
@@ -152,7 +170,9 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
     tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & (v == v)  # NaN is never a member
-    slot = _hash(key, log_t, KEY_BITS)
+    # Probing starts at the first slot of the key's bucket of BUCKET slots, so that a lookup can
+    # read the whole bucket at once.
+    slot = (_hash(key, log_t, KEY_BITS) // BUCKET) * BUCKET
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
         # old == empty: placed. old == key: already there. old > key: that slot belongs to a
@@ -170,24 +190,30 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexp
     v = _widen_half(v)
     key = _to_key(v, IS_FLOAT, KEY_BITS)
     empty = -(1 << (KEY_BITS - 1))
-    found = (key == empty) & (tl.load(flag_ptr) != empty)
+    # (the flag is loaded as a vector: mixing a scalar bool into vector masks trips the interpreter)
+    found = (key == empty) & (tl.load(flag_ptr + tl.zeros(key.shape, tl.int32)) != empty)
     todo = ok & (key != empty)
-    slot = _hash(key, log_t, KEY_BITS)
-    # The first probe settles most lanes (load factor <= 1/4); from an on-chip copy it is a
-    # gather from shared memory.
+    home = tl.multiple_of((_hash(key, log_t, KEY_BITS) // BUCKET) * BUCKET, BUCKET)
+    # The key's whole bucket in one access: a 16- or 32-byte load, or one gather from the
+    # on-chip copy. At load factor <= 1/4 a bucket almost always holds the key or an empty slot.
+    lanes = tl.arange(0, BUCKET)[None, :]
     if LOCAL:
-        seen = tl.gather(table, slot, 0)
+        # one gather of BUCKET consecutive slots per lane (Triton stages the table once per call)
+        flat_index = tl.reshape(home[:, None] + lanes, (home.shape[0] * BUCKET,))
+        window = tl.reshape(tl.gather(table, flat_index, 0), (home.shape[0], BUCKET))
     else:
-        seen = tl.load(table_ptr + slot, mask=todo, other=empty)
-    found = found | (todo & (seen == key))
-    todo = todo & (seen != key) & (seen != empty)
-    # Linear probing ends at the key (a hit) or an empty slot (a miss). The few lanes left go on
-    # with masked loads (the table is hot in L1 / L2); the block stops when its longest probe does.
+        window = tl.load(table_ptr + home[:, None] + lanes, mask=todo[:, None], other=empty)
+    found = found | (todo & (tl.max((window == key[:, None]).to(tl.int32), axis=1) > 0))
+    todo = todo & ~found & (tl.max((window == empty).to(tl.int32), axis=1) == 0)
+    # Linear probing goes on past a full bucket until the key (a hit) or an empty slot (a miss),
+    # for the few lanes left, with masked loads (the table is hot in L1 / L2).
+    slot = home + BUCKET
     while tl.max(todo.to(tl.int32), axis=0) > 0:
-        slot = (slot + 1) & ((1 << log_t) - 1)
+        slot = slot & ((1 << log_t) - 1)
         seen = tl.load(table_ptr + slot, mask=todo, other=empty)
         found = found | (todo & (seen == key))
         todo = todo & (seen != key) & (seen != empty)
+        slot = slot + 1
     return found & (v == v)
 
 
@@ -425,11 +451,7 @@ def _check_out(out, elements: torch.Tensor) -> None:
 
 
 def _same_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # As in torch's binary ops, a 0-d CPU tensor may join a tensor on an accelerator.
-    if b.dim() == 0 and b.device.type == "cpu":
-        return a, b.to(a.device)
-    if a.dim() == 0 and a.device.type == "cpu":
-        return a.to(b.device), b
+    # torch.isin takes no exception for 0-d CPU tensors (unlike its elementwise ops).
     raise InvalidArgument(f"isin: expected all tensors to be on the same device, but elements is "
                           f"on {a.device} and test_elements on {b.device}")
 
@@ -483,8 +505,14 @@ class CompareBackend(Backend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        return [{"BLOCK": 2048, "num_warps": 8}, {"BLOCK": 1024, "num_warps": 4},
-                {"BLOCK": 4096, "num_warps": 8}]
+        streaming = [{"BLOCK": 2048, "TILE_N": 1, "num_warps": 8},
+                     {"BLOCK": 1024, "TILE_N": 1, "num_warps": 4}]
+        tiled = [{"BLOCK": 64, "TILE_N": 64, "num_warps": 4},
+                 {"BLOCK": 128, "TILE_N": 32, "num_warps": 4}]
+        # Too few blocks of 2048 to fill the GPU, and a test set worth splitting: tiles first.
+        if cdiv(call.m, 2048) < 4 * call.info.sm_count and call.n > 32:
+            return tiled + streaming
+        return streaming + tiled
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
         done = _trivial(call)
@@ -494,12 +522,13 @@ class CompareBackend(Backend):
         out = _output(call)
         block = config["BLOCK"]
         _compare_kernel[(cdiv(call.m, block),)](
-            x, t, out, call.m, call.n, INVERT=call.invert, BLOCK=block, I64=needs_int64(call.m),
-            num_warps=config["num_warps"])
+            x, t, out, call.m, call.n, INVERT=call.invert, BLOCK=block, TILE_N=config["TILE_N"],
+            I64=needs_int64(call.m), num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
-        return cost.compare(call, model)
+        first = self.configs(call)[0]
+        return cost.compare(call, model, tile_n=first["TILE_N"], block=first["BLOCK"])
 
 
 class SearchBackend(Backend):
@@ -566,10 +595,11 @@ class HashBackend(Backend):
             # the alternative reads it through L1.
             # (Triton stages the table in shared memory at every gather, so larger blocks amortise
             # that copy better than more blocks per program do.)
-            return [{"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
-                    {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
+            # (ptxas: 4096-element blocks need ~240 registers a thread, too few warps per SM)
+            return [{"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
+                    {"BLOCK": 1024, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 4},
                     {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
-                    {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4}]
+                    {"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8}]
         return [{"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
                 {"BLOCK": 512, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
                 {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4},
@@ -629,8 +659,8 @@ class BitmapBackend(Backend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        return [{"BLOCK": 4096, "PER_PROGRAM": 2, "num_warps": 8},
-                {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
+        return [{"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
+                {"BLOCK": 1024, "PER_PROGRAM": 4, "num_warps": 4},
                 {"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
