@@ -543,44 +543,69 @@ def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
                               "tensor (a contiguous result needs one)")
     shape = input.shape
     dims = _wrap_dims(dims, len(shape))
-    out_shape = tuple([shape[d] for d in dims])
     if out is not None:
-        _check_out(out, input, out_shape)
+        _check_out(out, input, tuple([shape[d] for d in dims]))
     call = PermuteCall()
-    call.input, call.dims, call.out, call.out_shape = input, dims, out, out_shape
+    call.input, call.dims, call.out = input, dims, out
     call.numel = numel = input.numel()
     call.torch_only = reason = _torch_only(input)
-    call.tile = None
     call._plan = None
-    esize = in_esize = input.element_size()
+    esize = input.element_size()
+    out_ptr = out.data_ptr() if out is not None and out.is_contiguous() else 0
+    # The plan depends on the geometry and the pointers' alignment only: calls of one shape in a
+    # loop reuse it instead of simplifying again (that is most of this function's time).
+    plan_key = (shape, input.stride(), dims, esize, input.data_ptr() % 16, out_ptr % 16,
+                reason is None)
+    plan = _PLANS.get(plan_key)
+    if plan is None:
+        plan = _geometry(input, dims, esize, out_ptr, reason)
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[plan_key] = plan
+    (call.out_shape, call.sizes, call.strides, call.esize, call.kind, call.span, call.tile,
+     too_many, key_tail) = plan
+    if too_many is not None:
+        call.torch_only = too_many
+    dev = input.device
+    call.info = device_info(dev)
+    call.key = (dev, *key_tail)
+    return call
+
+
+_PLANS: dict[tuple, tuple] = {}
+_PLANS_MAX = 4096
+
+
+def _geometry(input: torch.Tensor, dims: tuple[int, ...], esize: int, out_ptr: int,
+              reason: str | None) -> tuple:
+    """Everything about a call that its geometry decides: the output shape, the simplified
+    permutation (widened when the last dim stays), its kind, span and tile form, why the kernels
+    cannot take it (too many dims left), and the key's tail."""
+    shape, numel, in_esize = input.shape, input.numel(), esize
+    out_shape = tuple([shape[d] for d in dims])
+    tile, too_many, span = None, None, 0
     if reason is not None:
-        call.kind, sizes, strides, call.span = "other", [], [], 0
+        kind, sizes, strides = "other", [], []
     elif numel == 0:
-        call.kind, sizes, strides, call.span = "empty", [], [], 0
+        kind, sizes, strides = "empty", [], []
     else:
         sizes, strides = simplify(shape, input.stride(), dims)
         if strides and strides[-1] == 1:
-            out_ptr = out.data_ptr() if out is not None and out.is_contiguous() else 0
             sizes, strides, esize = widen(sizes, strides, esize, input.data_ptr(), out_ptr)
-        call.kind = kind = _kind(sizes, strides)
+        kind = _kind(sizes, strides)
         if len(sizes) > MAX_DIMS:
-            call.torch_only = (f"{len(sizes)} dims remain after simplification; the kernels take "
-                               f"at most {MAX_DIMS}")
+            too_many = (f"{len(sizes)} dims remain after simplification; the kernels take at "
+                        f"most {MAX_DIMS}")
         # One past the largest input offset (elements): int32 offsets must reach it too.
         span = 1
         for n, t in zip(sizes, strides):
             span += (n - 1) * t
-        call.span = span
-        call.tile = _tile_form(kind, sizes, strides, esize)
-    call.sizes, call.strides, call.esize = sizes, strides, esize
-    dev = input.device
-    call.info = device_info(dev)
+        tile = _tile_form(kind, sizes, strides, esize)
     in_run = sizes[strides.index(1)] if 1 in strides else 0
-    call.key = (dev, esize, call.kind,
-                call.tile[0] if call.tile else 0, len(sizes),
+    key_tail = (esize, kind, tile[0] if tile else 0, len(sizes),
                 bucket(numel * in_esize // esize), bucket(sizes[-1]) if sizes else 0,
-                bucket(in_run), call.torch_only is None)
-    return call
+                bucket(in_run), reason is None and too_many is None)
+    return out_shape, sizes, strides, esize, kind, span, tile, too_many, key_tail
 
 
 def _check_out(out, input: torch.Tensor, shape: tuple[int, ...]) -> None:
