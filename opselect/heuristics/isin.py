@@ -77,13 +77,14 @@ def table_bytes(call, slots_per_key: int = 4) -> int:
 SMEM_STAGING_BPS = 3e13
 
 
-def hash_(call, model, *, local_table_bytes: int, block: int = 2048):
+def hash_(call, model, *, local_table_bytes: int, block: int = 4096):
     m, n = call.m, call.n
     t_bytes = table_bytes(call)
     if t_bytes <= local_table_bytes:
-        # One gather of a 4-slot bucket per element from the on-chip copy, which is staged
-        # again for every block of `block` elements.
-        probes = 2 * m * model.gather_smem + (m / block) * t_bytes / SMEM_STAGING_BPS
+        # A first probe gathered from the on-chip copy (staged again for every block of `block`
+        # elements); a quarter of the lanes probe on through L1.
+        probes = (m * model.gather_smem + 0.25 * model.gather(m, 0, on_chip=True) * 4
+                  + (m / block) * t_bytes / SMEM_STAGING_BPS)
     else:
         # One 16/32-byte bucket per element, read through L2 (or DRAM when the table is big).
         probes = model.gather(1.1 * m, t_bytes)

@@ -38,9 +38,10 @@ from ..heuristics import isin as cost
 from ._common import FLOAT_DTYPES, cdiv, flat, needs_int64, next_pow2
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
-LOCAL_TABLE_BYTES = 16 * 1024
-# Slots per hash bucket: a lookup reads a bucket in one access (16 bytes of int32 keys).
-BUCKET = tl.constexpr(4)
+LOCAL_TABLE_BYTES = 32 * 1024
+# Slots per bucket of a table read through L2: a lookup reads its bucket in one access (16 bytes
+# of int32 keys, one memory sector). On-chip tables use single slots (a wider gather costs more).
+WIDE_BUCKET = tl.constexpr(4)
 # The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
 BITMAP_MAX_BITS = 1 << 28  # 32 MiB
 
@@ -81,18 +82,17 @@ def _to_key(v, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr):
 
 @triton.jit
 def _hash(key, log_t, KEY_BITS: tl.constexpr):
-    """A slot in [0, 2**log_t): the top bits of murmur3's finaliser of the key. Multiplying alone
-    would leave keys with many low zero bits (floats of small integers) bunched together."""
+    """A slot in [0, 2**log_t): Fibonacci hashing (the top bits of key * 2**32 / phi), after
+    folding the high half-word into the low one. Consecutive keys (ids, narrow ranges) land
+    exactly evenly spread; floats of small integers (whose low bits are all zero) are spread by
+    the fold."""
     if KEY_BITS == 64:
-        h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -1640531535)  # fold in the high word
+        h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -2048144789)  # fold in the high word
     else:
         h = key
     h = h.to(tl.uint32, bitcast=True)
     h = h ^ (h >> 16)
-    h = (h.to(tl.int32, bitcast=True) * -2048144789).to(tl.uint32, bitcast=True)  # 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = (h.to(tl.int32, bitcast=True) * -1028477387).to(tl.uint32, bitcast=True)  # 0xC2B2AE35
-    h = h ^ (h >> 16)
+    h = (h.to(tl.int32, bitcast=True) * -1640531535).to(tl.uint32, bitcast=True)  # 0x9E3779B1
     return (h >> (32 - log_t)).to(tl.int32)
 
 
@@ -154,8 +154,9 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
 
 @triton.jit
 def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
-                 KEY_BITS: tl.constexpr):
-    """Insert the values v (where ok) into the linear-probing table of 2**log_t keys.
+                 KEY_BITS: tl.constexpr, BUCKET: tl.constexpr):
+    """Insert the values v (where ok) into the linear-probing table of 2**log_t keys; probing
+    starts at the first slot of the key's bucket of BUCKET slots.
 
     Slots only grow, by atomic max: a key takes an empty slot (the key type's minimum) or pushes
     out a smaller key, which then continues along its own probe sequence. No slot between a key's
@@ -170,8 +171,6 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
     tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & (v == v)  # NaN is never a member
-    # Probing starts at the first slot of the key's bucket of BUCKET slots, so that a lookup can
-    # read the whole bucket at once.
     slot = (_hash(key, log_t, KEY_BITS) // BUCKET) * BUCKET
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
@@ -186,28 +185,34 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
 @triton.jit
 def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
                  KEY_BITS: tl.constexpr, LOCAL: tl.constexpr):
-    """Membership of the values v in the table; `table` is its on-chip copy when LOCAL."""
+    """Membership of the values v in the table. LOCAL: `table` is the program's on-chip copy and
+    keys start at their own slot; otherwise at their bucket of WIDE_BUCKET slots."""
     v = _widen_half(v)
     key = _to_key(v, IS_FLOAT, KEY_BITS)
     empty = -(1 << (KEY_BITS - 1))
     # (the flag is loaded as a vector: mixing a scalar bool into vector masks trips the interpreter)
     found = (key == empty) & (tl.load(flag_ptr + tl.zeros(key.shape, tl.int32)) != empty)
     todo = ok & (key != empty)
-    home = tl.multiple_of((_hash(key, log_t, KEY_BITS) // BUCKET) * BUCKET, BUCKET)
-    # The key's whole bucket in one access: a 16- or 32-byte load, or one gather from the
-    # on-chip copy. At load factor <= 1/4 a bucket almost always holds the key or an empty slot.
-    lanes = tl.arange(0, BUCKET)[None, :]
     if LOCAL:
-        # one gather of BUCKET consecutive slots per lane (Triton stages the table once per call)
-        flat_index = tl.reshape(home[:, None] + lanes, (home.shape[0] * BUCKET,))
-        window = tl.reshape(tl.gather(table, flat_index, 0), (home.shape[0], BUCKET))
+        # The first probe, which settles most lanes, is a gather from the on-chip copy (Triton
+        # stages the table in shared memory for it).
+        slot = _hash(key, log_t, KEY_BITS)
+        seen = tl.gather(table, slot, 0)
+        found = found | (todo & (seen == key))
+        todo = todo & (seen != key) & (seen != empty)
+        slot = slot + 1
     else:
-        window = tl.load(table_ptr + home[:, None] + lanes, mask=todo[:, None], other=empty)
-    found = found | (todo & (tl.max((window == key[:, None]).to(tl.int32), axis=1) > 0))
-    todo = todo & ~found & (tl.max((window == empty).to(tl.int32), axis=1) == 0)
-    # Linear probing goes on past a full bucket until the key (a hit) or an empty slot (a miss),
-    # for the few lanes left, with masked loads (the table is hot in L1 / L2).
-    slot = home + BUCKET
+        # The key's whole bucket in one 16- or 32-byte load: at load factor <= 1/4 a bucket
+        # almost always holds the key or an empty slot.
+        home = tl.multiple_of((_hash(key, log_t, KEY_BITS) // WIDE_BUCKET) * WIDE_BUCKET,
+                              WIDE_BUCKET)
+        window = tl.load(table_ptr + home[:, None] + tl.arange(0, WIDE_BUCKET)[None, :],
+                         mask=todo[:, None], other=empty)
+        found = found | (todo & (tl.max((window == key[:, None]).to(tl.int32), axis=1) > 0))
+        todo = todo & ~found & (tl.max((window == empty).to(tl.int32), axis=1) == 0)
+        slot = home + WIDE_BUCKET
+    # Linear probing goes on until the key (a hit) or an empty slot (a miss), for the few lanes
+    # left, with masked loads (the table is hot in L1 / L2); a block waits for its longest probe.
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         slot = slot & ((1 << log_t) - 1)
         seen = tl.load(table_ptr + slot, mask=todo, other=empty)
@@ -219,11 +224,12 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexp
 
 @triton.jit
 def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N, log_t,
-                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, BUCKET: tl.constexpr,
+                       BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT, KEY_BITS)
+    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT, KEY_BITS, BUCKET)
 
 
 @triton.jit
@@ -298,7 +304,7 @@ def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits,
 
 @triton.jit
 def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, cap_bits, log_t,
-                         KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+                         KEY_BITS: tl.constexpr, BUCKET: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
@@ -309,7 +315,7 @@ def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, ca
         bit = (rel & 31).to(tl.int32)
         tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
     else:
-        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, False, KEY_BITS)
+        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, False, KEY_BITS, BUCKET)
 
 
 @triton.jit
@@ -595,11 +601,10 @@ class HashBackend(Backend):
             # the alternative reads it through L1.
             # (Triton stages the table in shared memory at every gather, so larger blocks amortise
             # that copy better than more blocks per program do.)
-            # (ptxas: 4096-element blocks need ~240 registers a thread, too few warps per SM)
-            return [{"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
-                    {"BLOCK": 1024, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 4},
+            return [{"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
+                    {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
                     {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
-                    {"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8}]
+                    {"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 8, "num_warps": 8}]
         return [{"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
                 {"BLOCK": 512, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
                 {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4},
@@ -621,7 +626,7 @@ class HashBackend(Backend):
         build_block = 1024
         _hash_build_kernel[(cdiv(call.n, build_block),)](
             t, table, flag, call.n, log_t, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
-            BLOCK=build_block, num_warps=4)
+            BUCKET=1 if local_slots else WIDE_BUCKET.value, BLOCK=build_block, num_warps=4)
         out = _output(call)
         block = config["BLOCK"]
         per = _blocks_per_program(call.m, block, config["PER_PROGRAM"] if local_slots else 1)
@@ -659,8 +664,8 @@ class BitmapBackend(Backend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        return [{"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
-                {"BLOCK": 1024, "PER_PROGRAM": 4, "num_warps": 4},
+        return [{"BLOCK": 4096, "PER_PROGRAM": 2, "num_warps": 8},
+                {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
                 {"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
@@ -697,7 +702,7 @@ class BitmapBackend(Backend):
         build_block = 1024
         _bitmap_build_kernel[(cdiv(call.n, build_block),)](
             t, params, bits, table, flag, call.n, cap_bits, log_t, KEY_BITS=key_bits,
-            BLOCK=build_block, num_warps=4)
+            BUCKET=1 if local_slots else WIDE_BUCKET.value, BLOCK=build_block, num_warps=4)
         out = _output(call)
         local_words = cap_bits // 32 if _fits_on_chip(cap_bits // 8) else 0
         block = config["BLOCK"]
