@@ -65,7 +65,8 @@ class Suite:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny cases, any device: checks the script")
-    p.add_argument("--filter", default="", help="only cases whose name contains this text")
+    p.add_argument("--filter", default="",
+                   help="only cases whose name contains this text (several: a|b|c)")
     p.add_argument("--rep-ms", type=float, default=60.0, help="do_bench rep time per provider")
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
     p.add_argument("--providers", default="", help="comma list: only these providers")
@@ -140,7 +141,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
 
     rows = []
     for case in suite.cases:
-        if args.filter and args.filter not in case.name:
+        if args.filter and not any(part in case.name for part in args.filter.split("|")):
             continue
         torch.manual_seed(0)
         inputs = case.make(device)
