@@ -22,6 +22,8 @@ from .decision import Candidate, Decision
 from .device import DeviceInfo
 
 AUTO = ("auto", None)
+#: Another backend is chosen over torch only if it is at least this much faster (time ratio).
+TORCH_MARGIN = 0.93
 
 
 class Call:
@@ -178,6 +180,11 @@ class Op:
             return c.measured_s if c.measured_s is not None else c.predicted_s
 
         best = min(able, key=time_of)
+        safe = able[0] if able[0].name == "torch" else None
+        if safe is not None and best is not safe and time_of(best) > TORCH_MARGIN * time_of(safe):
+            # Within the noise of a measurement (or the error of the model), stay with torch:
+            # never losing to it matters more than a few percent.
+            best = safe
         if tuned:
             source = "tuning"
         elif all(c.measured_s is not None for c in able):
