@@ -1,3 +1,1196 @@
-"""Placeholder: the topk op is being written (see its issue). Importing it must not fail."""
+"""topk: the k largest (or smallest) values along one dim and their indices, as torch.topk.
 
-OP = None
+Four algorithms; a call is seen as R rows of N elements (the dim moved last) and k per row:
+
+  torch    torch.topk (ATen: a radix select per slice, or a full sort for <= 10 long slices)
+  radix    a radix select on order-preserving integer keys that reads the data once, with no
+           host sync and, on the GPU, in one launch:
+             sample     each row draws positions of a Weyl sequence (spread evenly over the row
+                        for every period); each sample block keeps its top keys
+             threshold  every program of the row derives the same T = the m-th largest sampled
+                        key, with m = mu + 5 sqrt(mu) + 5 for mu = k S / N: at least k keys reach
+                        T unless the sample is off by five standard deviations, yet only about
+                        m N / S do (a few thousand for k <= 1024)
+             filter     the programs stream their chunks of the row once: keys > T are appended
+                        to the row's survivor buffer (one atomic per tile that has any, ranks by
+                        cumsum), keys == T to a tie buffer of at most k
+             finish     the last program of the row (a ticket) selects from the survivors: digit
+                        by digit from the top, two bits a step (three counts per step, one
+                        reduction), it finds the k-th key, takes every key above it and enough
+                        ties, and sorts just those k in registers (key and index in one int64;
+                        k <= 1024, larger k and 64-bit keys are sorted by torch.sort after)
+           The same 4-ary search finds each sample block's top and the threshold, so the only
+           sorting network compiled is the winners' (each constexpr is a compiled variant of a
+           big kernel, 5-15 s of compiling: sizes are quantised to few values).
+           The threshold stands in for the histogram of the top digit: Triton has no shared-
+           memory atomics, and tl.histogram costs about a hundred instructions per element for
+           256 bins (ballots, popcounts), several times a pass's memory time, so histograms are
+           built only over survivors (as counts), never over the row. If the sample was off
+           (fewer than k keys reach T, or more survivors than the buffer holds), the finisher
+           selects from the whole row: always correct, only slow, and rare by construction.
+           Launch shapes: `coop` (rows fewer than SMs): several programs per row in one launch,
+           which wait for each other once, after sampling, so the grid is kept to one program per
+           SM; `split`: the same in two launches (samples first) where programs may not wait
+           (the interpreter, OPSELECT_TOPK_COOP=0); `fused` (as many rows as SMs or more): one
+           program per row does everything; `direct` (rows of one tile): select from the row.
+  sort     torch.sort of each row, then the first k: wins when k is a large part of the row
+  bitonic  rows of up to 16384 elements are loaded once; key and index are packed in one int64
+           and tl.topk (a bitonic top-k network) or tl.sort runs in registers: many short rows
+
+Semantics are torch's: NaN is larger than every number (every NaN gets one key above +inf),
+-0.0 equals 0.0 (one key), ties may return any of the tied indices but values are exactly
+torch's (they are read back from the input at the returned indices).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..dispatch.backend import Backend, Estimate, TorchBackend
+from ..dispatch.device import device_info
+from ..dispatch.op import Call, Op, register
+from ..dispatch.signature import bucket
+from ..errors import InvalidArgument, OpselectError, UnsupportedDType
+from ..heuristics import topk as cost
+from ._common import cdiv, next_pow2
+
+SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                    torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# radix: samples per sample block (see radix_plan for how many blocks a row draws).
+SAMPLE_BLOCK = 2048
+# The union of the per-block sample tops that every filter program searches (one register tile).
+UNION_MAX = 4096
+UNION: tl.constexpr = tl.constexpr(UNION_MAX)
+# Keys each sample block keeps (its top); more when the threshold's rank needs them.
+BLOCK_TOPS = 16
+# Survivors the finisher holds in registers at once; rows up to this long skip sample + filter.
+FINISH_TILE_MAX = 8192
+# k up to this is sorted in registers by the finisher (networks of 64, 256 or 1024: one compiled
+# variant each); larger k and 64-bit keys are sorted by torch.sort afterwards.
+SORT_MAX = 1024
+# The one-launch radix mode has the programs of a row wait for each other; it keeps the grid
+# within one program per SM so they are all resident. Where fewer SMs than the device reports
+# are available to this process (MPS limits, green contexts), set OPSELECT_TOPK_COOP=0.
+COOP_ALLOWED = os.environ.get("OPSELECT_TOPK_COOP", "1") != "0"
+# int64 counters per row in the radix workspace (see _radix_filter_kernel).
+COUNTERS: tl.constexpr = tl.constexpr(8)
+# How often a program of the one-launch mode polls for the rest of its row before giving up
+# (about a quarter of a second; see _radix_filter_kernel).
+SPIN_LIMIT: tl.constexpr = tl.constexpr(1 << 18)
+# Margins (in standard deviations, plus a constant) of the sample threshold.
+SIGMAS = 5.0
+# Rows longer than this do not fit the 32-bit index packed beside the key.
+MAX_ROW = (1 << 32) - 1
+BITONIC_MAX = 16384
+
+
+class DimError(OpselectError, IndexError):
+    """dim out of range (torch raises IndexError)."""
+
+
+class ArgumentTypeError(OpselectError, TypeError):
+    """An argument of the wrong Python type (torch raises TypeError)."""
+
+
+class NotImplementedDType(UnsupportedDType, NotImplementedError):
+    """A dtype torch has no topk kernel for (torch raises NotImplementedError)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: keys and helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _order_key(x, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """A signed integer key whose order is the order topk selects in: a larger key is taken
+    first. Floats: flip the magnitude bits of negatives (sign-magnitude -> two's complement),
+    one key for +-0.0 and one for every NaN, above +inf. flip: 0, or -1 for largest=False
+    (a run-time value, so both directions share one compiled kernel)."""
+    if IS_FLOAT:
+        if x.dtype == tl.float64:
+            bits = x.to(tl.int64, bitcast=True)
+            key = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
+            nan_key = tl.full(bits.shape, 0x7FFFFFFFFFFFFFFF, tl.int64)
+        elif x.dtype == tl.float32:
+            bits = x.to(tl.int32, bitcast=True)
+            key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+            nan_key = tl.full(bits.shape, 0x7FFFFFFF, tl.int32)
+        else:
+            bits = x.to(tl.int16, bitcast=True)
+            key = bits ^ ((bits >> 15) & 0x7FFF)
+            nan_key = tl.full(bits.shape, 0x7FFF, tl.int16)
+        key = tl.where(x == 0, tl.zeros_like(key), key)
+        key = tl.where(x != x, nan_key, key)
+    else:
+        key = x
+    if KEY64:
+        key = key.to(tl.int64)
+    else:
+        key = key.to(tl.int32)
+    return key ^ flip  # flip = -1 (largest=False) complements: the smallest key ranks first
+
+
+@triton.jit
+def _key_limits(KEY64: tl.constexpr):
+    if KEY64:
+        lowest = -9223372036854775807 - 1
+        highest = 9223372036854775807
+    else:
+        lowest = -2147483647 - 1
+        highest = 2147483647
+    return lowest, highest
+
+
+@triton.jit
+def _typed(ws_ptr, offset, KEY: tl.constexpr, KEY64: tl.constexpr):
+    """A pointer into the int64 workspace, retyped: KEY=True gives the key dtype, else int32."""
+    p = ws_ptr + offset
+    if KEY and KEY64:
+        q = p
+    else:
+        q = p.to(tl.pointer_type(tl.int32))
+    return q
+
+
+@triton.jit
+def _sample_keys(x_ptr, row_off, r, N, s, SS: tl.constexpr,
+                 IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Keys of SS sample positions of row r (block s of its sample). A Weyl sequence
+    frac(i / phi + c_r) is equidistributed modulo every period, so periodic rows are sampled
+    fairly; positions may repeat, the margins of the threshold allow for it."""
+    i = (s * SS + tl.arange(0, SS)).to(tl.int64)
+    h = (i * 2654435769 + r.to(tl.int64) * 1640531527 + 12345) & 0xFFFFFFFF
+    pos = ((h >> 1) * N) >> 31  # (h / 2^32) * N without overflowing int64
+    x = tl.load(x_ptr + row_off + pos)
+    return _order_key(x, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit
+def _mth_largest(keys, ok, m, KEY64: tl.constexpr):
+    """The m-th largest of the valid keys of a register tile (the sample's threshold): the same
+    4-ary search as the finisher's, so no sorting network is compiled for it. With fewer than m
+    valid keys it returns their minimum (a lower threshold is always safe)."""
+    lowest, highest = _key_limits(KEY64)
+    lo = tl.min(tl.where(ok, keys, highest), axis=0).to(tl.int64)
+    hi = tl.max(tl.where(ok, keys, lowest), axis=0).to(tl.int64)
+    return _kth(keys, ok, m, lo, hi).to(keys.dtype)
+
+
+@triton.jit
+def _count3(key, ok, m1, m2, m3):
+    """#{key >= m_i} for three thresholds in one reduction: three 21-bit fields of an int64
+    (a tile holds fewer than 2^21 entries), so the step pays one reduction's latency, not three."""
+    ge1 = (ok & (key >= m1.to(key.dtype))).to(tl.int64)
+    ge2 = (ok & (key >= m2.to(key.dtype))).to(tl.int64)
+    ge3 = (ok & (key >= m3.to(key.dtype))).to(tl.int64)
+    packed = tl.sum(ge1 | (ge2 << 21) | (ge3 << 42), axis=0)
+    return packed & 0x1FFFFF, (packed >> 21) & 0x1FFFFF, packed >> 42
+
+
+@triton.jit
+def _cavg(a, b):
+    """ceil((a + b) / 2) without overflow (the key range may span all of int64)."""
+    return (a >> 1) + (b >> 1) + ((a | b) & 1)
+
+
+@triton.jit
+def _narrow(lo, hi, k, c1, c2, c3, m1, m2, m3):
+    """One 4-ary search step: counts c_i = #{key >= m_i}, lo < m1 <= m2 <= m3 <= hi. The answer
+    (the largest v with #{key >= v} >= k) stays in [lo, hi]."""
+    new_lo = tl.where(c3 >= k, m3, tl.where(c2 >= k, m2, tl.where(c1 >= k, m1, lo)))
+    new_hi = tl.where(c1 < k, m1 - 1, tl.where(c2 < k, m2 - 1, tl.where(c3 < k, m3 - 1, hi)))
+    return new_lo, new_hi
+
+
+@triton.jit
+def _kth(key, ok, k, lo, hi):
+    """The k-th largest valid key of a register tile, given lo <= it <= hi (int64 scalars, lo
+    with at least k keys >= it): a 4-ary search on the key value, three counts a step in one
+    reduction, so log4(hi - lo) steps (16 at most for 32-bit keys)."""
+    while lo < hi:
+        m2 = _cavg(lo, hi)
+        m1 = _cavg(lo, m2)
+        m3 = _cavg(m2, hi)
+        c1, c2, c3 = _count3(key, ok, m1, m2, m3)
+        lo, hi = _narrow(lo, hi, k, c1, c2, c3, m1, m2, m3)
+    return lo
+
+
+@triton.jit
+def _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input,
+              FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """FT entries of a selection source from `start`: the row itself (from_input), or a
+    survivor buffer (key and index packed in an int64; 64-bit keys keep the index apart).
+    from_input is a run-time flag, so the selection code is compiled once for both sources.
+    Lanes use 32-bit offsets from a 64-bit scalar base; the index is returned as its low 32 bits
+    (rows are shorter than 2^32). `unit` (1, unknown to the compiler) keeps one element per
+    thread per access, the layout of the scattered winner stores (see _filter_chunk)."""
+    unit = (C >= 0).to(tl.int32)
+    lane = tl.arange(0, FT) * unit
+    ok = lane < tl.maximum(tl.minimum(C - start, FT), 0).to(tl.int32)
+    if from_input:
+        x = tl.load(x_ptr + row_off + start + lane, mask=ok, other=0)
+        key = _order_key(x, IS_FLOAT, flip, KEY64)
+        idx = (start + tl.zeros([], tl.int64)).to(tl.int32) + lane  # low 32 bits
+    else:
+        # .cg: survivors written by other programs of this launch are read from L2, not L1.
+        if KEY64:
+            key = tl.load(sbuf + start + lane, mask=ok, other=0, cache_modifier=".cg")
+            idx = tl.load(sidx + start + lane, mask=ok, other=0, cache_modifier=".cg")
+        else:
+            v = tl.load(sbuf + start + lane, mask=ok, other=0, cache_modifier=".cg")
+            key = (v >> 32).to(tl.int32)
+            idx = v.to(tl.int32)
+    return key, idx, ok
+
+
+@triton.jit
+def _store_winners(out_row, slot, take, key, idx, PACK: tl.constexpr):
+    # PACK: key in the high half, index in the low half, so one int64 sort orders both.
+    idx64 = idx.to(tl.int64) & 0xFFFFFFFF
+    if PACK:
+        val = (key.to(tl.int64) << 32) | idx64
+    else:
+        val = idx64
+    tl.store(out_row + slot, val, mask=take)
+
+
+@triton.jit
+def _select(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
+            PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+            KEY64: tl.constexpr):
+    """Write the k largest keys of a source of C entries (k <= C) to out_row[0:k], unordered.
+
+    K = the k-th largest key is found by a 4-ary search on the key value between lo (a key with
+    at least k keys >= it; for the whole row, its minimum) and the source's maximum: three
+    counts per step (one reduction), so about log4(range) steps. Then every key > K is taken and
+    the first k - #{key > K} keys equal to K. A source that fits one tile stays in registers; a
+    longer one is re-read tile by tile (the rare, slow path)."""
+    if C <= FT:
+        _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK, FT,
+                     IS_FLOAT, flip, KEY64)
+    else:
+        # The slow path streams smaller tiles: a quarter of the code to compile, the same
+        # bandwidth (it is bound by one program's loads anyway).
+        _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK,
+                      max(FT // 4, 256), IS_FLOAT, flip, KEY64)
+
+
+@triton.jit
+def _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
+                 PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+                 KEY64: tl.constexpr):
+    lowest, highest = _key_limits(KEY64)
+    key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, 0, C, from_input, FT, IS_FLOAT, flip,
+                             KEY64)
+    hi = tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64)
+    lo = tl.where(from_input, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64), lo)
+    kth = _kth(key, ok, k, lo, hi).to(key.dtype)
+    gt = ok & (key > kth)
+    eq = ok & (key == kth)
+    n_above = tl.sum(gt.to(tl.int32), axis=0)
+    eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) - 1
+    take = gt | (eq & (eq_rank < k - n_above))
+    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    _store_winners(out_row, slot, take, key, idx, PACK)
+
+
+@triton.jit
+def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
+                  PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+                  KEY64: tl.constexpr):
+    lowest, highest = _key_limits(KEY64)
+    hi = tl.full([], lowest, tl.int64)
+    lo_in = tl.full([], highest, tl.int64)
+    for start in range(0, C, FT):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                 IS_FLOAT, flip, KEY64)
+        hi = tl.maximum(hi, tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64))
+        lo_in = tl.minimum(lo_in, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64))
+    lo = tl.where(from_input, lo_in, lo)
+    while lo < hi:
+        m2 = _cavg(lo, hi)
+        m1 = _cavg(lo, m2)
+        m3 = _cavg(m2, hi)
+        c1 = tl.full([], 0, tl.int64)
+        c2 = tl.full([], 0, tl.int64)
+        c3 = tl.full([], 0, tl.int64)
+        for start in range(0, C, FT):
+            key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                     IS_FLOAT, flip, KEY64)
+            t1, t2, t3 = _count3(key, ok, m1, m2, m3)
+            c1 += t1
+            c2 += t2
+            c3 += t3
+        lo, hi = _narrow(lo, hi, k, c1, c2, c3, m1, m2, m3)
+    n_above = tl.full([], 0, tl.int64)
+    for start in range(0, C, FT):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                 IS_FLOAT, flip, KEY64)
+        n_above += tl.sum((ok & (key > lo.to(key.dtype))).to(tl.int32), axis=0)
+    quota = k - n_above
+    gt_base = tl.full([], 0, tl.int64)
+    eq_base = tl.full([], 0, tl.int64)
+    for start in range(0, C, FT):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                 IS_FLOAT, flip, KEY64)
+        kth = lo.to(key.dtype)
+        gt = ok & (key > kth)
+        eq = ok & (key == kth)
+        eq_rank = eq_base + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+        take_eq = eq & (eq_rank < quota)
+        gt_slot = gt_base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+        _store_winners(out_row, gt_slot, gt, key, idx, PACK)
+        _store_winners(out_row, n_above + eq_rank, take_eq, key, idx, PACK)
+        gt_base += tl.sum(gt.to(tl.int32), axis=0)
+        eq_base += tl.sum(eq.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _take_threshold(sbuf, sidx, n_gt, k, CAP, out_row,
+                    PACK: tl.constexpr, FT: tl.constexpr, KEY64: tl.constexpr):
+    """Fewer than k keys exceed the threshold T but at least k reach it: the k-th key is T.
+    Take every survivor (slots [0, n_gt)) and the first k - n_gt ties (slots from CAP)."""
+    for start in range(0, n_gt, FT):
+        key, idx, ok = _src_tile(sbuf, 0, sbuf, sidx, start, n_gt, False, FT, False, 0, KEY64)
+        _store_winners(out_row + start, tl.arange(0, FT), ok, key, idx, PACK)
+    quota = k - n_gt
+    for start in range(0, quota, FT):
+        key, idx, ok = _src_tile(sbuf, 0, sbuf + CAP, sidx + CAP, start, quota, False, FT,
+                                 False, 0, KEY64)
+        _store_winners(out_row + n_gt + start, tl.arange(0, FT), ok, key, idx, PACK)
+
+
+@triton.jit
+def _write_out(x_ptr, row_off, idx_row, val_row, k,
+               SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr):
+    """out_row holds the k winners (packed key|index when SORT); sort them if asked, then read
+    their values back from the input (exact values, whatever the key canonicalised)."""
+    if SORT:
+        j = tl.arange(0, KP)
+        ok = j < k
+        e = tl.load(idx_row + j, mask=ok, other=-9223372036854775807 - 1)
+        e = tl.sort(e, descending=True)
+        idx = e & 0xFFFFFFFF
+        v = tl.load(x_ptr + row_off + idx, mask=ok)
+        tl.debug_barrier()  # every packed entry is read before the first is overwritten
+        tl.store(idx_row + j, idx, mask=ok)
+        tl.store(val_row + j, v, mask=ok)
+    else:
+        for start in range(0, k, FT):
+            j = start + tl.arange(0, FT)
+            ok = j < k
+            idx = tl.load(idx_row + j, mask=ok, other=0)
+            v = tl.load(x_ptr + row_off + idx, mask=ok)
+            tl.store(val_row + j, v, mask=ok)
+
+
+@triton.jit
+def _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64: tl.constexpr):
+    """The row's survivor buffer: int64 slots [0, CAP) for keys > T and [CAP, CAP + EQ_CAP) for
+    keys == T (key << 32 | index), plus an int32 index array when keys are 64-bit."""
+    row = r64 * (CAP + EQ_CAP)
+    sbuf = ws_ptr + off_sbuf + row
+    sidx = (ws_ptr + off_sidx).to(tl.pointer_type(tl.int32)) + row
+    return sbuf, sidx
+
+
+@triton.jit
+def _finish_row(x_ptr, r, row_off, N, k, ws_ptr, off_sbuf, off_sidx, CAP, EQ_CAP,
+                n_gt, n_eq, T, val_ptr, idx_ptr,
+                FILTERED: tl.constexpr, SORT: tl.constexpr, KP: tl.constexpr,
+                FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Select row r's k winners (from its survivors, from the threshold's ties, or from the
+    whole row), then write them out sorted or not."""
+    r64 = r.to(tl.int64)
+    out_off = r64 * k
+    idx_row = idx_ptr + out_off
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    if FILTERED:
+        kept = n_gt <= CAP
+        # Usually the k-th key is among the few thousand survivors above T. If the sample was
+        # off (fewer than k keys reach T, or the buffer overflowed) the whole row is the source.
+        use_buf = kept & (n_gt >= k)
+        if kept & (n_gt < k) & (n_gt + n_eq >= k):
+            _take_threshold(sbuf, sidx, n_gt, k, CAP, idx_row, SORT, FT, KEY64)
+        else:
+            _select(x_ptr, row_off, sbuf, sidx, tl.where(use_buf, n_gt, N), k,
+                    T.to(tl.int64) + 1, ~use_buf, idx_row, SORT, FT, IS_FLOAT, flip, KEY64)
+    else:
+        _select(x_ptr, row_off, sbuf, sidx, N, k, tl.full([], 0, tl.int64), True, idx_row,
+                SORT, FT, IS_FLOAT, flip, KEY64)
+    tl.debug_barrier()  # the winners written by all threads are visible to all threads
+    _write_out(x_ptr, row_off, idx_row, val_ptr + out_off, k, SORT, KP, FT)
+
+
+@triton.jit
+def _filter_tile(x, ok, tile_ptr, tile, valid, T, sbuf, sidx, cnt_ptr, n_gt, n_eq, CAP, EQ_CAP,
+                 unit, ATOMIC: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr,
+                 IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """One tile of the filter: keys > T to the survivor slots [0, CAP) of the row's buffer,
+    keys == T to its tie slots [CAP, CAP + EQ_CAP). Both flags travel in one int32 (bits 0 and
+    16): one reduction counts both kinds, one cumsum ranks both.
+
+    A tile without survivors stops after that one count, so the loop holds only the tile and
+    its keys. A tile with survivors (usually one or two: a row keeps a few thousand) marks its
+    SUB-lane parts that have some in a bitmask (one small reduction); only those parts re-read
+    their SUB elements (from L1) and rank and scatter them, one element per thread. So the
+    scatter never needs the whole tile's registers nor a layout conversion of the tile, and a
+    survivor costs about one part's reload, cumsum and store."""
+    key = _order_key(x, IS_FLOAT, flip, KEY64)
+    code = ((key > T) & ok).to(tl.int32) | (((key == T) & ok).to(tl.int32) << 16)
+    total = tl.sum(code, axis=0)
+    c_gt = total & 0xFFFF
+    c_eq = total >> 16
+    if total > 0:
+        if ATOMIC:
+            # One atomic per tile and kind reserves the tile's slots in the row's buffer.
+            base = tl.atomic_add(cnt_ptr, c_gt.to(tl.int64), mask=c_gt > 0, sem="relaxed")
+            base_eq = tl.atomic_add(cnt_ptr + 1, c_eq.to(tl.int64), mask=c_eq > 0, sem="relaxed")
+        else:
+            base = n_gt
+            base_eq = n_eq
+        NSUB: tl.constexpr = TILE // SUB
+        busy = tl.max(tl.reshape(code, [NSUB, SUB]), axis=1) > 0
+        parts_mask = tl.sum(tl.where(busy, 1 << tl.arange(0, NSUB).to(tl.int64), 0), axis=0)
+        lane = tl.arange(0, SUB) * unit
+        room = tl.maximum(tl.minimum(CAP - base, TILE), 0).to(tl.int32)
+        room_eq = tl.maximum(tl.minimum(EQ_CAP - base_eq, TILE), 0).to(tl.int32)
+        prior = tl.full([], 0, tl.int32)  # packed ranks (bits 0 and 16) of earlier parts
+        for j in range(NSUB):
+            if ((parts_mask >> j) & 1) != 0:
+                sub_ok = lane < valid - j * SUB
+                ks = _order_key(tl.load(tile_ptr + j * SUB + lane, mask=sub_ok, other=0),
+                                IS_FLOAT, flip, KEY64)
+                gt = (ks > T) & sub_ok
+                eq = (ks == T) & sub_ok
+                sub_code = gt.to(tl.int32) | (eq.to(tl.int32) << 16)
+                rank = prior + tl.cumsum(sub_code, axis=0)
+                prior += tl.sum(sub_code, axis=0)
+                pos = tl.where(gt, (rank & 0xFFFF) - 1, (rank >> 16) - 1)
+                keep = tl.where(gt, pos < room, eq & (pos < room_eq))
+                slot = tl.where(gt, base, CAP + base_eq) + pos
+                idx = (tile + j * SUB).to(tl.int32) + lane  # the low 32 bits of the index
+                if KEY64:
+                    tl.store(sbuf + slot, ks, mask=keep)
+                    tl.store(sidx + slot, idx, mask=keep)
+                else:
+                    tl.store(sbuf + slot,
+                             (ks.to(tl.int64) << 32) | (idx.to(tl.int64) & 0xFFFFFFFF),
+                             mask=keep)
+    return n_gt + c_gt, n_eq + c_eq
+
+
+@triton.jit
+def _filter_chunk(x_ptr, row_off, N, start, ntiles, T, sbuf, sidx, cnt_ptr, CAP, EQ_CAP,
+                  ATOMIC: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr,
+                  IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Stream ntiles tiles of a row from `start` through the filter (positions: one atomic
+    per tile on the row's counters when several programs share the row, else running counts).
+    The next tile is loaded before the current one is processed: two tiles per program in
+    flight. Lanes are 32-bit offsets from a 64-bit scalar base."""
+    # `unit` is 1 at run time but unknown to the compiler: the rare survivor parts then get one
+    # element per thread per access (coalesced, 128 bytes per warp), the layout their
+    # scattered stores need, so nothing goes through a layout conversion in shared memory.
+    # The tiles themselves keep the vectorised layout of 16-byte loads.
+    unit = (N >= 0).to(tl.int32)
+    lane = tl.arange(0, TILE)
+    n_gt = tl.full([], 0, tl.int64)
+    n_eq = tl.full([], 0, tl.int64)
+    row_ptr = x_ptr + row_off
+    valid = tl.maximum(tl.minimum(N - start, TILE), 0).to(tl.int32)
+    x = tl.load(row_ptr + start + lane, mask=lane < valid, other=0)
+    for t in range(ntiles):
+        tile = start + t * TILE
+        valid = tl.maximum(tl.minimum(N - tile, TILE), 0).to(tl.int32)
+        valid_next = tl.maximum(tl.minimum(N - tile - TILE, TILE), 0).to(tl.int32)
+        valid_next = tl.where(t + 1 < ntiles, valid_next, 0)
+        x_next = tl.load(row_ptr + tile + TILE + lane, mask=lane < valid_next, other=0)
+        n_gt, n_eq = _filter_tile(x, lane < valid, row_ptr + tile, tile, valid, T, sbuf, sidx,
+                                  cnt_ptr, n_gt, n_eq, CAP, EQ_CAP, unit, ATOMIC, TILE, SUB,
+                                  IS_FLOAT, flip, KEY64)
+        x = x_next
+    return n_gt, n_eq
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: the radix launches
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sample_top(x_ptr, row_off, r, N, s, lists, SS: tl.constexpr, MS: tl.constexpr,
+                IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Sample block s of row r: SS keys, of which the top MS (in no order) go to the row's list
+    (the threshold needs only the top of each block): the MS-th largest by the same search
+    as everywhere else, then the keys above it and enough of its ties, ranked by a cumsum."""
+    keys = _sample_keys(x_ptr, row_off, r, N, s, SS, IS_FLOAT, flip, KEY64)
+    every = keys == keys
+    t = _mth_largest(keys, every, MS, KEY64)
+    above = keys > t
+    tied = keys == t
+    rank = tl.where(above, tl.cumsum(above.to(tl.int32), axis=0),
+                    tl.sum(above.to(tl.int32), axis=0) + tl.cumsum(tied.to(tl.int32), axis=0)) - 1
+    tl.store(lists + s * MS + rank, keys, mask=(above | tied) & (rank < MS))
+
+
+# Integer arguments that would otherwise be specialised (== 1, divisible by 16) into separate
+# compiled variants: only the row length and stride matter to the code (16-byte loads).
+_SIZES = ["k", "m", "CAP", "EQ_CAP", "TPP", "NB", "SB", "flip", "off_lists", "off_sbuf",
+          "off_sidx", "R"]
+
+
+@triton.jit(do_not_specialize=_SIZES[:-1] + ["N", "row_stride"])
+def _radix_sample_kernel(x_ptr, ws_ptr, off_lists, N, row_stride, SB,
+                         SS: tl.constexpr, MS: tl.constexpr,
+                         IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """The split mode's first launch: the sample blocks of every row."""
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    if s == 0:
+        # The row's counters start at zero before the filter launch adds to them.
+        tl.store(ws_ptr + COUNTERS * r64 + tl.arange(0, COUNTERS),
+                 tl.zeros([COUNTERS], tl.int64))
+    lists = _typed(ws_ptr, off_lists, True, KEY64) + r64 * (SB * MS)
+    _sample_top(x_ptr, r64 * row_stride, r, N, s, lists, SS, MS, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit(do_not_specialize=_SIZES[:-1])
+def _radix_filter_kernel(x_ptr, ws_ptr, off_lists, off_sbuf, off_sidx, val_ptr, idx_ptr,
+                         N, row_stride, k, m, CAP, EQ_CAP, TPP, NB, SB,
+                         COOP: tl.constexpr, SS: tl.constexpr, MS: tl.constexpr,
+                         TILE: tl.constexpr,
+                         SUB: tl.constexpr, SORT: tl.constexpr, KP: tl.constexpr,
+                         FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+                         KEY64: tl.constexpr):
+    """NB programs share row r, SB sample blocks (of MS tops each) feed its threshold. Per row,
+    int64 counters: survivors, ties, programs that sampled, programs that filtered, programs
+    that gave up waiting.
+
+    COOP (one launch, SB == NB): each program first draws sample block p of its row, then
+    waits until all NB programs of the row have (a spin on the row's counter; the launcher keeps
+    the whole grid within one program per SM, so every program is resident and the wait ends).
+    Otherwise a previous launch drew the samples. Each program then derives the same threshold
+    from the union of the sample tops, filters its chunk, and the last program of the row to
+    finish (a ticket) selects the k winners from the survivors: no launch waits for the slowest
+    row."""
+    r = tl.program_id(0)
+    p = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    row_off = r64 * row_stride
+    cnt = ws_ptr + COUNTERS * r64
+    lists = _typed(ws_ptr, off_lists, True, KEY64) + r64 * (SB * MS)
+    ready = True
+    if COOP:
+        _sample_top(x_ptr, row_off, r, N, p, lists, SS, MS, IS_FLOAT, flip, KEY64)
+        tl.debug_barrier()  # every thread's list stores precede the release below
+        tl.atomic_add(cnt + 2, 1, sem="release")
+        arrived = tl.atomic_add(cnt + 2, 0, sem="acquire")
+        polls = tl.full([], 0, tl.int32)
+        while (arrived < NB) & (polls < SPIN_LIMIT):
+            arrived = tl.atomic_add(cnt + 2, 0, sem="acquire")
+            polls += 1
+        ready = arrived >= NB
+        if arrived < NB:
+            # Programs of the row that never became resident (another stream's persistent
+            # kernel holding SMs?): stop waiting, mark the row, and let the finisher select
+            # from the whole row. Slow, but it cannot hang.
+            tl.atomic_add(cnt + 4, 1, sem="relaxed")
+    j = tl.arange(0, UNION)
+    used = j < SB * MS
+    tops = tl.load(lists + j, mask=used, other=0, cache_modifier=".cg")
+    T = _mth_largest(tops, used, m, KEY64)
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    if ready:
+        _filter_chunk(x_ptr, row_off, N, p.to(tl.int64) * TPP * TILE, TPP, T, sbuf, sidx, cnt,
+                      CAP, EQ_CAP, True, TILE, SUB, IS_FLOAT, flip, KEY64)
+    tl.debug_barrier()  # every thread's survivor stores precede the release below
+    ticket = tl.atomic_add(cnt + 3, 1, sem="acq_rel")
+    if ticket == NB - 1:
+        n_gt = tl.atomic_add(cnt, 0, sem="acquire")
+        n_eq = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        if COOP:
+            # A marked row reads as an overflowing buffer: the finisher takes the whole row.
+            n_gt = tl.where(tl.atomic_add(cnt + 4, 0, sem="acquire") > 0, CAP + 1, n_gt)
+        _finish_row(x_ptr, r, row_off, N, k, ws_ptr, off_sbuf, off_sidx, CAP, EQ_CAP,
+                    n_gt, n_eq, T, val_ptr, idx_ptr,
+                    True, SORT, KP, FT, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit(do_not_specialize=["N", "row_stride", "k", "flip"])
+def _radix_direct_kernel(x_ptr, val_ptr, idx_ptr, N, row_stride, k,
+                         SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr,
+                         IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Rows short enough for one tile: one program per row selects from the row itself."""
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    zero = tl.full([], 0, tl.int64)
+    if KEY64:
+        T = zero
+    else:
+        T = zero.to(tl.int32)
+    _finish_row(x_ptr, r, r64 * row_stride, N, k, idx_ptr, 0, 0, 0, 0, zero, zero, T,
+                val_ptr, idx_ptr, False, SORT, KP, FT, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit(do_not_specialize=_SIZES[:-1])
+def _radix_rows_kernel(x_ptr, ws_ptr, off_sbuf, off_sidx, val_ptr, idx_ptr,
+                       N, row_stride, k, m, CAP, EQ_CAP,
+                       SS: tl.constexpr, TILE: tl.constexpr,
+                       SUB: tl.constexpr, SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr,
+                       IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Sample, filter and finish one row in one program: many rows, one launch."""
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    row_off = r64 * row_stride
+    keys = _sample_keys(x_ptr, row_off, r, N, 0, SS, IS_FLOAT, flip, KEY64)
+    T = _mth_largest(keys, keys == keys, m, KEY64)
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    n_gt, n_eq = _filter_chunk(x_ptr, row_off, N, tl.full([], 0, tl.int64),
+                               tl.cdiv(N, TILE), T, sbuf, sidx, ws_ptr, CAP, EQ_CAP,
+                               False, TILE, SUB, IS_FLOAT, flip, KEY64)
+    tl.debug_barrier()  # the buffers written by all threads are read by all threads
+    _finish_row(x_ptr, r, row_off, N, k, ws_ptr, off_sbuf, off_sidx, CAP, EQ_CAP,
+                n_gt, n_eq, T, val_ptr, idx_ptr,
+                True, SORT, KP, FT, IS_FLOAT, flip, KEY64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: bitonic
+# ---------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["R", "k", "flip"])
+def _bitonic_kernel(x_ptr, val_ptr, idx_ptr, R, N, k, row_stride, col_stride,
+                    ROWS: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr,
+                    IS_FLOAT: tl.constexpr, flip):
+    """ROWS rows of up to NP elements, loaded once (strided rows too: a column-major tile is
+    read along its contiguous axis). Key and column are packed in one int64 so that one
+    bitonic network orders both; padding is the smallest int64 and never outranks a real
+    element (a real element packed equal to it decodes to the same key and index 0)."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    cols = tl.arange(0, NP)
+    row_ok = rows < R
+    col_ok = cols < N
+    ptrs = x_ptr + rows[:, None] * row_stride + cols[None, :].to(tl.int64) * col_stride
+    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0)
+    key = _order_key(x, IS_FLOAT, flip, False)
+    packed = (key.to(tl.int64) << 32) | cols[None, :].to(tl.int64)
+    packed = tl.where(col_ok[None, :], packed, -9223372036854775807 - 1)
+    if KP < NP:
+        top = tl.topk(packed, KP, dim=1)  # a bitonic top-k: log2(KP) merge stages, then halvings
+    else:
+        top = tl.sort(packed, dim=1, descending=True)
+    idx = top & 0xFFFFFFFF
+    kc = tl.arange(0, KP)
+    om = row_ok[:, None] & (kc[None, :] < k)
+    v = tl.load(x_ptr + rows[:, None] * row_stride + idx * col_stride, mask=om)
+    out = rows[:, None] * k + kc[None, :]
+    tl.store(val_ptr + out, v, mask=om)
+    tl.store(idx_ptr + out, idx, mask=om)
+
+
+# ---------------------------------------------------------------------------------------------
+# The call: torch.topk's argument rules
+# ---------------------------------------------------------------------------------------------
+class TopkCall(Call):
+    __slots__ = ("input", "k", "dim", "largest", "sorted", "nd", "R", "N", "lead",
+                 "row_stride", "col_stride", "viewable")
+
+    def describe(self) -> str:
+        x = self.input
+        return (f"input {tuple(x.shape)} {str(x.dtype)[6:]}, k={self.k}, dim={self.dim}"
+                f"{'' if self.largest else ', smallest'}{'' if self.sorted else ', unsorted'}"
+                f" on {x.device}")
+
+
+def _int_arg(value, name: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ArgumentTypeError(f"topk: {name} must be an int, got {type(value).__name__}")
+    return operator.index(value)
+
+
+def _bool_arg(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"topk: {name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _layout(shape: tuple, strides: tuple, d: int) -> tuple[int, int, bool]:
+    """(row_stride, col_stride, viewable): whether the rows (every dim but d, in order) collapse
+    into one dim of a single stride, so kernels can read the input in place."""
+    lead = [(shape[i], strides[i]) for i in range(len(shape)) if i != d and shape[i] != 1]
+    for (s0, st0), (s1, st1) in zip(lead, lead[1:]):
+        if st0 != st1 * s1:
+            return 0, 0, False
+    row_stride = lead[-1][1] if lead else 0
+    return row_stride, (strides[d] if shape else 1), True
+
+
+def prepare(input, k, dim=-1, largest=True, sorted=True) -> TopkCall:
+    if not isinstance(input, torch.Tensor):
+        raise ArgumentTypeError(f"topk: input must be a Tensor, got {type(input).__name__}")
+    k = _int_arg(k, "k")
+    dim = _int_arg(dim, "dim")
+    largest = _bool_arg(largest, "largest")
+    sorted = _bool_arg(sorted, "sorted")
+    dtype = input.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        if dtype in (torch.uint16, torch.uint32, torch.uint64):
+            raise NotImplementedDType(f"topk: input has dtype {dtype}, which torch.topk has no "
+                                      "kernel for; expected one of "
+                                      f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)}")
+        raise UnsupportedDType(f"topk: input has dtype {dtype}; expected one of "
+                               f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)} "
+                               "(torch.topk rejects bool and complex)")
+    shape = tuple(input.shape)
+    nd = len(shape)
+    span = max(nd, 1)
+    if not -span <= dim < span:
+        raise DimError(f"topk: dim {dim} is out of range for a {nd}-d input (expected to be in "
+                       f"range of [{-span}, {span - 1}], but got {dim})")
+    d = dim % span
+    n = shape[d] if nd else 1
+    if k < 0 or k > n:
+        raise InvalidArgument(f"topk: selected index k out of range: k={k} but dim {dim} has "
+                              f"size {n} (expected 0 <= k <= {n})")
+    call = TopkCall()
+    call.input, call.k, call.dim, call.largest, call.sorted, call.nd = (
+        input, k, d, largest, sorted, nd)
+    call.N = n
+    call.R = input.numel() // n if n else math.prod(shape[:d] + shape[d + 1:])
+    call.lead = shape[:d] + shape[d + 1:]
+    call.row_stride, call.col_stride, call.viewable = _layout(shape, input.stride(), d)
+    dev = input.device
+    call.info = device_info(dev)
+    inner = call.viewable and (call.col_stride == 1 or n <= 1)
+    call.key = (dev.index if dev.type == "cuda" else dev.type, dtype, bucket(call.R),
+                bucket(n), bucket(k), largest, sorted, "rows" if inner else
+                ("strided" if call.viewable else "gather"))
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared host helpers
+# ---------------------------------------------------------------------------------------------
+def _rows(call: TopkCall, unit_col: bool) -> tuple[torch.Tensor, int, int]:
+    """(tensor, row_stride, col_stride) for kernels reading R rows of N: the input itself when
+    its rows are one strided dim (and, if unit_col, elements are adjacent), else a copy."""
+    if call.viewable and (not unit_col or call.col_stride == 1 or call.N <= 1):
+        return call.input, call.row_stride, (call.col_stride if call.N > 1 else 1)
+    xt = call.input.movedim(call.dim, -1).contiguous()
+    return xt, call.N, 1
+
+
+def _outputs(call: TopkCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values and indices as the kernels write them: R rows of k, contiguous, shaped with the
+    input's other dims first (already torch's layout when dim is the last one)."""
+    shape = call.lead + (call.k,)
+    dev = call.input.device
+    return (torch.empty(shape, dtype=call.input.dtype, device=dev),
+            torch.empty(shape, dtype=torch.int64, device=dev))
+
+
+def _shape_out(call: TopkCall, values: torch.Tensor, indices: torch.Tensor):
+    """Results from _outputs() -> torch.topk's layout: k at `dim`, contiguous. Under autograd
+    the values are gathered again from the input (k per row), which gives them torch's
+    gradient (a scatter into the selected positions)."""
+    if call.dim != max(call.nd, 1) - 1:
+        values = values.movedim(-1, call.dim).contiguous()
+        indices = indices.movedim(-1, call.dim).contiguous()
+    if call.input.requires_grad and torch.is_grad_enabled():
+        values = torch.gather(call.input, call.dim, indices)
+    return torch.return_types.topk((values, indices))
+
+
+def _trivial(call: TopkCall):
+    """0-d inputs and empty results: no kernel to launch."""
+    if call.nd == 0:
+        return torch.topk(call.input, call.k, -1, call.largest, call.sorted)
+    if call.k == 0 or call.R == 0:
+        return _shape_out(call, *_outputs(call))
+    return None
+
+
+def _key64(dtype: torch.dtype) -> bool:
+    return dtype.itemsize == 8
+
+
+def _torch_topk(call: TopkCall):
+    return torch.topk(call.input, call.k, call.dim, call.largest, call.sorted)
+
+
+# ---------------------------------------------------------------------------------------------
+# radix
+# ---------------------------------------------------------------------------------------------
+class RadixPlan:
+    """Launch parameters of the radix backend for one (R, N, k, dtype, config).
+
+    mode: direct (rows of one tile: one program per row selects from the row), fused (one
+    program per row samples, filters and finishes), coop (several programs per row, one launch,
+    a per-row wait after sampling) or split (the same in two launches: samples, then filter)."""
+
+    __slots__ = ("mode", "SS", "SB", "MS", "m", "B", "TPP", "TILE", "SUB", "CAP",
+                 "EQ_CAP", "FT", "KP", "sort_in_kernel", "sort_after", "offsets", "ws_elems",
+                 "warps", "expected_survivors", "sample")
+
+    def __repr__(self) -> str:
+        return "RadixPlan(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__) + ")"
+
+
+def _margin(mu: float) -> int:
+    return math.ceil(mu + SIGMAS * math.sqrt(mu) + SIGMAS)
+
+
+def _quantize(n: int, steps: tuple[int, ...]) -> int:
+    """The first of steps at least n (the last if none): few distinct constexprs, so few
+    compiled variants (each costs tens of seconds of compilation on first use)."""
+    for step in steps:
+        if n <= step:
+            return step
+    return steps[-1]
+
+
+def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
+               config: dict) -> RadixPlan:
+    key64 = _key64(dtype)
+    p = RadixPlan()
+    sms = config.get("SMS", sms)
+    ft_max = config.get("FT_MAX", FINISH_TILE_MAX)
+    block = config.get("SS", SAMPLE_BLOCK)
+    coop = config.get("COOP", True)
+    if config.get("EXACT"):
+        # Sizes to the next power of two (the interpreter: no compiling, small networks).
+        tiles_ft = tuple(1 << i for i in range(4, ft_max.bit_length() - 1)) + (ft_max,)
+        kps = tuple(1 << i for i in range(11))
+    else:
+        # Each distinct constexpr is a compiled variant (10-20 s of compiling on first use):
+        # few sizes, at some cost in padding (a longer sort, a half-empty tile).
+        tiles_ft = tuple(t for t in (256, 1024, 4096, 8192) if t < ft_max) + (ft_max,)
+        kps = (64, 1024)
+    p.TILE = config.get("TILE", 8192 if coop else 4096)
+    p.SUB = min(p.TILE, config.get("SUB", 512))
+    p.KP = _quantize(max(k, 1), kps)
+    p.sort_in_kernel = sorted_ and not key64 and k <= SORT_MAX
+    p.sort_after = sorted_ and not p.sort_in_kernel
+    p.EQ_CAP = max(k, 1)
+    p.m = p.SS = p.SB = p.MS = p.B = p.TPP = p.CAP = 1
+    p.sample = 0
+    p.mode = "direct"
+    p.FT = _quantize(N, tiles_ft)
+    p.expected_survivors = N
+    if N > ft_max:
+        tiles = cdiv(N, p.TILE)
+        if config.get("SPLIT") == 1 or R >= sms:
+            B = 1
+        elif coop:
+            B = max(1, min(tiles, sms // R))  # the whole grid resident: one program per SM
+        else:
+            B = max(1, min(tiles, cdiv(sms * config.get("PPS", 4), R)))
+        p.TPP = cdiv(tiles, B)
+        B = cdiv(tiles, p.TPP)
+        # Each sampled element costs a 32-byte sector: at most 1/32 of the row, and beyond 64
+        # blocks at most 1/256 of it (about 3% of the row's traffic).
+        s_target = min(max(block, N // 32), max(64 * block, N // 256))
+        sizes = tuple(t for t in (256, 1024) if t < block) + (block,)
+        if B == 1:
+            # One block of samples, at most 16 per thread of a 4-warp program.
+            mode, SS, SB = "fused", _quantize(s_target, sizes), 1
+        elif coop:
+            mode, SB = "coop", B
+            SS = _quantize(cdiv(s_target, B), sizes)
+        else:
+            mode, SS = "split", block
+            SB = min(64, next_pow2(cdiv(s_target, block)))
+        f = SS * SB / N
+        m = _margin((k - 1) * f)
+        if mode == "fused":
+            MS = 1
+            fits = 2 * m <= SS
+        else:
+            MS = min(SS, max(BLOCK_TOPS, next_pow2(cdiv(2 * m, SB))))
+            fits = 2 * m <= SB * MS <= UNION_MAX
+        cap = math.ceil((m + SIGMAS * math.sqrt(m) + SIGMAS) / f) + 64
+        if fits and cap < N // 2:
+            p.mode, p.SS, p.SB, p.MS, p.m, p.B = mode, SS, SB, MS, m, B
+            p.sample = SS * SB
+            p.CAP = max(cap, k)
+            p.expected_survivors = min(N, math.ceil(m / f))
+            p.FT = _quantize(p.CAP, tiles_ft)
+            if mode == "fused":
+                # One program per row, several per SM: small tiles and few warps, so that
+                # one row's sampling and finishing overlap other rows' streaming.
+                p.TILE = config.get("FUSED_TILE", 2048)
+                p.SUB = min(p.TILE, p.SUB)
+                p.TPP = cdiv(N, p.TILE)
+        else:
+            # k is a large part of the row: no threshold filters well; select from the rows.
+            p.TPP = 1
+            p.FT = ft_max
+    # The workspace (int64 elements): counters [R, 8], sample tops [R, SB * MS] keys, the
+    # survivor buffer [R, CAP + EQ_CAP] int64 and, for 64-bit keys, its indices as int32.
+    slots = R * (p.CAP + p.EQ_CAP)
+    counters = int(COUNTERS) * R
+    offs = {"lists": counters}
+    lists = R * p.SB * p.MS if p.mode in ("coop", "split") else 0
+    off = counters + math.ceil(lists * (1 if key64 else 0.5))
+    offs["sbuf"] = off
+    off += slots
+    offs["sidx"] = off
+    off += math.ceil(slots / 2) if key64 else 0
+    p.offsets = offs
+    p.ws_elems = 0 if p.mode == "direct" else off
+    # At most 16 elements of a tile per thread (more spill); the coop finisher lives with the
+    # filter's warps, so its tile shrinks to fit them (longer survivor lists loop over tiles).
+    if p.mode == "coop":
+        # One program per SM, 16 warps: a finisher tile of 16 keys a thread, whatever the
+        # survivor count (a fixed size: one compiled variant fewer per shape).
+        p.warps = config.get("WARPS", 16)
+        p.FT = min(ft_max, 512 * p.warps)
+    elif p.mode == "direct":
+        p.warps = 4 if p.FT <= 2048 else (8 if p.FT <= 4096 else 16)
+    else:
+        p.warps = max(4, min(16, max(p.TILE, p.FT) // 512))
+        # As many warps as the finisher needs stream tiles of 16 elements a thread.
+        p.TILE = max(p.TILE, 512 * p.warps)
+        p.SUB = min(p.TILE, max(p.SUB, 512))
+        if p.mode == "fused":
+            p.TPP = cdiv(N, p.TILE)
+        elif p.mode == "split":
+            p.TPP = cdiv(cdiv(N, p.TILE), p.B)
+            p.B = cdiv(cdiv(N, p.TILE), p.TPP)
+    return p
+
+
+_PLANS: dict[tuple, RadixPlan] = {}
+
+
+def _cached_plan(call: TopkCall, config: dict) -> RadixPlan:
+    key = (call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
+           tuple(sorted(config.items())))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        plan = _PLANS[key] = radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted,
+                                        call.info.sm_count, config)
+    return plan
+
+
+class RadixBackend(Backend):
+    name = "radix"
+    kernels = (_order_key, _sample_keys, _mth_largest, _count3, _kth, _src_tile, _select,
+               _select_tile, _select_tiles, _take_threshold, _write_out, _row_buffers,
+               _finish_row, _filter_tile, _filter_chunk, _sample_top, _radix_sample_kernel,
+               _radix_filter_kernel, _radix_direct_kernel, _radix_rows_kernel)
+
+    def supports(self, call: TopkCall) -> str | None:
+        if call.N > MAX_ROW:
+            return (f"rows of {call.N} elements; radix packs a 32-bit index beside the key "
+                    f"(rows up to {MAX_ROW})")
+        return None
+
+    def configs(self, call: TopkCall) -> list[dict]:
+        if call.info.interpreted:
+            # The interpreter runs programs one after another (no program may wait for
+            # another: split, not coop) and tl.sort element by element: small blocks keep CPU
+            # tests fast and still take every path.
+            return [{"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "SMS": 4,
+                     "EXACT": True},
+                    {"COOP": False, "TILE": 128, "SPLIT": 1, "SS": 128, "FT_MAX": 256, "SMS": 4,
+                     "EXACT": True}]
+        # Few configs: tuning compiles each of them (10-20 s apiece) for every new shape.
+        if call.R >= call.info.sm_count:
+            # One program per row whatever the config: vary its tile instead.
+            return [{}, {"FUSED_TILE": 4096}]
+        out = [{"COOP": True}] if COOP_ALLOWED else []
+        out.append({"COOP": False, "TILE": 4096, "PPS": 4})
+        if call.N <= (1 << 18):
+            out.append({"COOP": False, "SPLIT": 1})  # one program per row, one launch
+        return out
+
+    def plan(self, call: TopkCall, config: dict | None = None) -> RadixPlan:
+        return _cached_plan(call, dict(config or self.configs(call)[0]))
+
+    def run(self, call: TopkCall, config):
+        done = _trivial(call)
+        if done is not None:
+            return done
+        p = _cached_plan(call, dict(config))
+        x, row_stride, _ = _rows(call, unit_col=True)
+        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        dev = x.device
+        values, indices = _outputs(call)
+        flags = dict(IS_FLOAT=dtype.is_floating_point, flip=0 if call.largest else -1,
+                     KEY64=_key64(dtype), num_warps=p.warps)
+        o = p.offsets
+        if p.mode == "direct":
+            _radix_direct_kernel[(R,)](x, values, indices, N, row_stride, k,
+                                       SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags)
+        elif p.mode == "fused":
+            ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+            _radix_rows_kernel[(R,)](
+                x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k, p.m, p.CAP,
+                p.EQ_CAP, SS=p.SS, TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel,
+                KP=p.KP, FT=p.FT, **flags)
+        else:
+            coop = p.mode == "coop"
+            if coop:
+                # The per-row counters start at zero (with the rest when that is small: one
+                # memset instead of an allocation and a memset).
+                if p.ws_elems <= (1 << 20):
+                    ws = torch.zeros(p.ws_elems, dtype=torch.int64, device=dev)
+                else:
+                    ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+                    ws[:int(COUNTERS) * R].zero_()
+            else:
+                ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+                _radix_sample_kernel[(R, p.SB)](
+                    x, ws, o["lists"], N, row_stride, p.SB, SS=p.SS, MS=p.MS,
+                    IS_FLOAT=flags["IS_FLOAT"], flip=flags["flip"], KEY64=flags["KEY64"],
+                    num_warps=4)
+            _radix_filter_kernel[(R, p.B)](
+                x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N, row_stride, k,
+                p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, COOP=coop, SS=p.SS, MS=p.MS,
+                TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT,
+                **flags)
+        if p.sort_after:
+            values, order = torch.sort(values, dim=-1, descending=call.largest)
+            indices = indices.gather(-1, order)
+        return _shape_out(call, values, indices)
+
+    def cost(self, call: TopkCall, model) -> Estimate:
+        # The model's SM count, not the call's device: explain() may ask about another GPU.
+        plan = radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted,
+                          max(1, model.sm_count), dict(self.configs(call)[0]))
+        return cost.radix(call, model, plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# sort
+# ---------------------------------------------------------------------------------------------
+def _sort_topk(call: TopkCall):
+    done = _trivial(call)
+    if done is not None:
+        return done
+    # torch.sort orders NaN above every number, as topk does (first when descending).
+    values, indices = torch.sort(call.input, dim=call.dim, descending=call.largest)
+    values = values.narrow(call.dim, 0, call.k).contiguous()
+    indices = indices.narrow(call.dim, 0, call.k).contiguous()
+    return torch.return_types.topk((values, indices))
+
+
+class SortBackend(Backend):
+    name = "sort"
+    uses_triton = False
+
+    def supports(self, call: TopkCall) -> str | None:
+        return None
+
+    def run(self, call: TopkCall, config):
+        return _sort_topk(call)
+
+    def cost(self, call: TopkCall, model) -> Estimate:
+        return cost.sort(call, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# bitonic
+# ---------------------------------------------------------------------------------------------
+class BitonicBackend(Backend):
+    name = "bitonic"
+    kernels = (_order_key, _bitonic_kernel)
+    MAX_N = BITONIC_MAX
+
+    def supports(self, call: TopkCall) -> str | None:
+        if call.input.dtype.itemsize > 4:
+            return ("bitonic packs a 32-bit key with the index in one int64; "
+                    f"{str(call.input.dtype)[6:]} keys are 64 bits (radix and sort take them)")
+        if call.N > self.MAX_N:
+            return (f"rows of {call.N} elements; bitonic holds a row in registers "
+                    f"(at most {self.MAX_N})")
+        return None
+
+    def configs(self, call: TopkCall) -> list[dict]:
+        npow = max(1, next_pow2(call.N))
+        out = []
+        for per_prog in (2048, 8192):
+            rows = max(1, min(next_pow2(max(call.R, 1)), per_prog // npow))
+            elems = rows * npow
+            warps = 4 if elems <= 2048 else (8 if elems <= 4096 else 16)
+            cfg = {"ROWS": rows, "num_warps": warps}
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
+    def run(self, call: TopkCall, config):
+        done = _trivial(call)
+        if done is not None:
+            return done
+        x, row_stride, col_stride = _rows(call, unit_col=False)
+        R, N, k = call.R, call.N, call.k
+        values, indices = _outputs(call)
+        rows = config["ROWS"]
+        _bitonic_kernel[(cdiv(R, rows),)](
+            x, values, indices, R, N, k, row_stride, col_stride, ROWS=rows,
+            NP=max(1, next_pow2(N)), KP=next_pow2(k), IS_FLOAT=call.input.dtype.is_floating_point,
+            flip=0 if call.largest else -1, num_warps=config["num_warps"])
+        return _shape_out(call, values, indices)
+
+    def cost(self, call: TopkCall, model) -> Estimate:
+        return cost.bitonic(call, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm-spec inputs
+# ---------------------------------------------------------------------------------------------
+def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
+    """Inputs for warming and benchmarks: one shape; options: k (required), dim, largest,
+    sorted, values = "randn" (default), "uniform" (in [0, 1)) or "ties" (a few distinct
+    values, so the k-th value is shared by many elements)."""
+    if len(shapes) != 1:
+        raise InvalidArgument(f"topk sample: expected one shape (the input), got {shapes}")
+    options = dict(options)
+    if "k" not in options:
+        raise InvalidArgument("topk sample: options must give k")
+    k = options.pop("k")
+    values = options.pop("values", "randn")
+    shape = tuple(shapes[0])
+    n = math.prod(shape)
+    if values == "randn":
+        x = torch.randn(n, device=device)
+    elif values == "uniform":
+        x = torch.rand(n, device=device)
+    elif values == "ties":
+        x = torch.randint(0, 16, (n,), device=device).float()
+    else:
+        raise InvalidArgument(f"topk sample: values must be 'randn', 'uniform' or 'ties', "
+                              f"got {values!r}")
+    if dtype.is_floating_point:
+        x = x.to(dtype)
+    else:
+        info = torch.iinfo(dtype)
+        if values == "ties":
+            x = x.to(dtype)
+        else:
+            x = torch.randint(info.min, info.max, (n,), device=device, dtype=dtype)
+    return (x.reshape(shape), k), options
+
+
+OP = register(Op("topk", prepare, [
+    TorchBackend(_torch_topk, cost.torch_),
+    RadixBackend(),
+    SortBackend(),
+    BitonicBackend(),
+], sample=sample, calibration=[
+    ([[1 << 24]], torch.float32, {"k": 1024}),
+    ([[64, 128000]], torch.float32, {"k": 50}),
+    ([[4096, 32000]], torch.bfloat16, {"k": 50}),
+    ([[4096, 256]], torch.float32, {"k": 8}),
+    ([[16, 1 << 20]], torch.float32, {"k": 2048}),
+    ([[1 << 20]], torch.float32, {"k": 1 << 17}),
+]))

@@ -1,0 +1,195 @@
+"""Cost model of the topk backends: roofline terms per backend, in seconds.
+
+A call is R rows of N elements of s bytes and k results per row. Every backend reads the rows once
+at least and writes R * k values and int64 indices; they differ in the passes over the data
+(torch's radix passes, a full sort), the arithmetic per element (a bitonic network is ALU-bound)
+and the latency of the per-row finishing work (radix: a search over a few thousand survivors and
+an in-register sort of the k winners, one program per row).
+
+The constants below are estimates from instruction counts and latencies, not yet measured on a
+GPU; `opselect calibrate` corrects each backend's total through model.scales["topk/<backend>"].
+"""
+
+from __future__ import annotations
+
+import math
+
+OP = "topk"
+
+# Integer instructions per second of one SM (4 schedulers x 32 lanes x ~1.7 GHz).
+ALU_PER_SM = 128 * 1.7e9
+# Per element of the radix filter: load, key, two compares, the packed count.
+FILTER_OPS = 14.0
+# Per element per network round of a bitonic top-k (partner exchange, compare, select).
+BITONIC_OPS = 10.0
+# Latencies of the radix steps that one program runs alone.
+SAMPLE_LATENCY = 3e-6       # scattered sample loads + tl.topk of 2048 keys
+THRESHOLD_LATENCY = 1.5e-6  # each filter program's tl.topk over the sample tops
+STEP_LATENCY = 0.35e-6      # one 4-ary search step over a register tile (one fused reduction)
+TILE_LATENCY = 1.0e-6       # one tile re-read from L2 in the finisher's slow path
+SORT_ROUND_LATENCY = 0.02e-6  # one round of the in-register bitonic sort of the k winners
+# Warps an SM keeps busy with latency-bound per-row programs (about 128 registers a thread):
+# programs of 4 warps overlap four rows per SM, programs of 16 warps none.
+WARPS_PER_SM = 16
+# One program streaming its own row (fused mode) reads at about this rate.
+PROGRAM_BANDWIDTH = 60e9
+# torch.topk: its radix passes run at about this fraction of the copy bandwidth.
+TORCH_PASS_EFFICIENCY = 0.45
+
+
+def _sizes(call):
+    s = call.input.dtype.itemsize
+    return call.R, call.N, call.k, s
+
+
+def _out_bytes(call) -> float:
+    return call.R * call.k * (call.input.dtype.itemsize + 8)
+
+
+def _copy(call, model) -> dict:
+    """Backends that need rows of adjacent elements copy other layouts first."""
+    if call.viewable and (call.col_stride == 1 or call.N <= 1):
+        return {}
+    return {"copy": model.stream(2 * call.R * call.N * call.input.dtype.itemsize),
+            "copy_host": model.torch_launch}
+
+
+def _trivial(call, model, backend: str, triton: bool):
+    if call.R * call.N == 0 or call.k == 0 or call.nd == 0:
+        return model.estimate(OP, backend, triton=triton, launch=2 * model.torch_launch)
+    return None
+
+
+def torch_(call, model):
+    done = _trivial(call, model, "torch", False)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    if R <= 10 and N >= 100_000:
+        # ATen sorts a few long slices entirely (should_use_sort), then gathers k.
+        return model.estimate(OP, "torch", triton=False, launch=4 * model.torch_launch,
+                              sort=model.sort(R * N, s, 8),
+                              memory=model.stream(R * N * s + _out_bytes(call)))
+    # A radix select: one pass per key byte over every slice, plus the sort of the k results.
+    passes = s
+    memory = passes * model.stream(R * N * s) / TORCH_PASS_EFFICIENCY
+    parts = dict(launch=(passes + 3) * model.torch_launch, memory=memory,
+                 out=model.stream(_out_bytes(call)))
+    if call.sorted and k > 1:
+        parts["sort_k"] = model.sort(R * k, s, 8) * 0.5
+    return model.estimate(OP, "torch", triton=False, **parts)
+
+
+def sort(call, model):
+    done = _trivial(call, model, "sort", False)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    return model.estimate(OP, "sort", triton=False, sort=model.sort(R * N, s, 8),
+                          launch=4 * model.torch_launch,
+                          slice=model.stream(2 * _out_bytes(call)))
+
+
+def _search_steps(key_bits: int, survivors: bool) -> float:
+    # A 4-ary search over the key range: log4 of it; survivors above a threshold span a narrower
+    # range than a whole row.
+    full = key_bits / 2
+    return max(4.0, full - 2.0) if survivors else full
+
+
+def _alloc(n: int, model) -> float:
+    """Host time of n torch.empty calls (no kernel: about half an ATen op each)."""
+    return 0.5 * n * model.torch_launch
+
+
+def _finisher(plan, key_bits: int, survivors: float) -> float:
+    """Device time of one row's finishing program: search, collect, in-register sort."""
+    steps = _search_steps(key_bits, plan.mode != "direct")
+    if survivors <= plan.FT:
+        t = steps * STEP_LATENCY
+    else:
+        t = (steps + 3) * math.ceil(survivors / plan.FT) * TILE_LATENCY
+    if plan.sort_in_kernel:
+        lk = max(1, plan.KP.bit_length() - 1)
+        t += lk * (lk + 1) / 2 * SORT_ROUND_LATENCY * max(1.0, plan.KP / 1024)
+    return t
+
+
+def radix(call, model, plan):
+    done = _trivial(call, model, "radix", True)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    sms = max(1, model.sm_count)
+    key_bits = 64 if s == 8 else 32
+    parts = _copy(call, model)
+    host = parts.pop("copy_host", 0.0)
+    memory = model.stream(R * N * s + _out_bytes(call))
+    alu = R * N * FILTER_OPS / (sms * ALU_PER_SM)
+    finish = _finisher(plan, key_bits, plan.expected_survivors)
+    notes: tuple[str, ...] = ()
+    waves = math.ceil(R / (sms * max(1, WARPS_PER_SM // plan.warps)))
+    if plan.mode == "direct":
+        host += model.launch + _alloc(2, model)
+        parts["memory"] = memory
+        parts["finish"] = waves * finish
+        notes = ("one program per row selects from the whole row",)
+    elif plan.mode == "fused":
+        host += model.launch + _alloc(3, model)
+        # Each program streams its own row: many rows fill the chip, few leave it idle.
+        parts["memory"] = max(memory, alu, waves * N * s / PROGRAM_BANDWIDTH)
+        parts["finish"] = waves * (finish + SAMPLE_LATENCY + THRESHOLD_LATENCY)
+    else:
+        launches = 1 if plan.mode == "coop" else 2
+        host += launches * model.launch + _alloc(3, model)
+        if plan.mode == "coop":
+            host += 0.5 * model.torch_launch  # the zeroed workspace (a memset)
+        parts["memory"] = max(memory, alu)
+        parts["sample"] = SAMPLE_LATENCY + model.stream(R * plan.sample * 32)
+        parts["threshold"] = THRESHOLD_LATENCY
+        # The last program of each row finishes it; rows finish in parallel.
+        parts["finish"] = finish
+    if plan.sort_after:
+        parts["sort_k"] = model.sort(R * k, s, 8)
+        host += 2 * model.torch_launch
+    host += _reshape_host(call, model)
+    return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
+
+
+def _reshape_host(call, model) -> float:
+    # Results for a dim other than the last are moved into torch's layout (two copies).
+    return 0.0 if call.dim == max(call.nd, 1) - 1 else 2 * model.torch_launch
+
+
+def bitonic_rounds(n_pow2: int, k_pow2: int) -> float:
+    """Element-rounds of tl.topk(x[n], k) (tl.sort when k == n): log2(k) merge stages over all
+    n, then each halving (a max) followed by a log2(k)-round merge on what is left."""
+    ln = max(0, n_pow2.bit_length() - 1)
+    lk = max(0, k_pow2.bit_length() - 1)
+    rounds = n_pow2 * lk * (lk + 1) / 2
+    size = n_pow2
+    for _ in range(lk, ln):
+        size //= 2
+        rounds += size * (lk + 1) + size
+    return rounds
+
+
+def bitonic(call, model):
+    done = _trivial(call, model, "bitonic", True)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    npow = 1 << max(0, (N - 1).bit_length())
+    kpow = 1 << max(0, (k - 1).bit_length())
+    sms = max(1, model.sm_count)
+    ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS
+    host = model.launch + _alloc(2, model) + _reshape_host(call, model)
+    parts = dict(memory=model.stream(R * N * s + _out_bytes(call)),
+                 network=ops / (sms * ALU_PER_SM))
+    if not call.viewable:
+        copy = _copy(call, model)
+        host += copy.pop("copy_host")
+        parts.update(copy)
+    elif not (call.col_stride == 1 or N <= 1):
+        parts["memory"] *= 1.3  # strided rows are read in place, a little less efficiently
+    return model.estimate(OP, "bitonic", triton=True, launch=host, **parts)

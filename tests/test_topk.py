@@ -1,0 +1,601 @@
+"""topk: every backend against torch.topk, every path of the radix backend, bad arguments.
+
+CPU tests run the Triton kernels through the interpreter on small shapes (the radix backend plans
+small blocks under the interpreter, so rows of a few thousand elements already take its sample /
+filter / finish path); `gpu` tests run the same checks at real sizes. Values must equal torch's
+exactly (NaN where torch has NaN); among ties any index may come back, so indices are checked by
+reading the input back at them: every returned index is in range, unique in its row and points
+at its value. Outputs are fresh tensors, and every element of them is compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opselect import ops
+from opselect.dispatch.device import DeviceInfo
+from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
+from opselect.heuristics.device_model import defaults_for
+from opselect.kernels import topk as K
+
+BACKENDS = ("radix", "sort", "bitonic")
+TRITON_BACKENDS = ("radix", "bitonic")
+DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64)
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                      HealthCheck.function_scoped_fixture])
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal as torch compares them (-0.0 == 0.0), NaN where the other has NaN."""
+    if a.dtype.is_floating_point:
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool((a == b).all())
+
+
+def check(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True,
+          backend: str = "radix"):
+    got = ops.topk(x, k, dim, largest, sorted, backend=backend)
+    ref = torch.topk(x, k, dim, largest, sorted)
+    assert isinstance(got, torch.return_types.topk)
+    values, indices = got
+    assert values.shape == ref.values.shape and indices.shape == ref.indices.shape
+    assert values.dtype == x.dtype and indices.dtype == torch.int64
+    assert values.device == x.device and indices.device == x.device
+    assert values.is_contiguous() == ref.values.is_contiguous()
+    assert indices.is_contiguous() == ref.indices.is_contiguous()
+    if x.dim() == 0:
+        assert same_values(values, ref.values) and int(indices) == 0
+        return got
+    d = dim % x.dim()
+    if sorted:
+        assert same_values(values, ref.values), (values, ref.values)
+    else:  # any order, the same multiset
+        a = torch.sort(values.movedim(d, -1).float() if values.dtype == torch.bfloat16
+                       else values.movedim(d, -1), -1).values
+        b = torch.sort(ref.values.movedim(d, -1).float() if values.dtype == torch.bfloat16
+                       else ref.values.movedim(d, -1), -1).values
+        assert same_values(a, b)
+    if indices.numel():
+        n = x.shape[d]
+        assert int(indices.min()) >= 0 and int(indices.max()) < n
+        back = torch.gather(x, d, indices)
+        assert same_values(back, values), "an index does not point at its value"
+        rows = indices.movedim(d, -1).reshape(-1, k)
+        assert bool((torch.sort(rows, -1).values.diff(dim=-1) > 0).all()), "an index repeats"
+    return got
+
+
+def special_row(n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Ties, NaN, +-inf, -0.0 and +0.0 among ordinary values."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-4, 5, (n,), generator=g).to(dtype)
+    if dtype.is_floating_point:
+        pick = torch.randint(0, 8, (n,), generator=g)
+        x = torch.where(pick == 0, torch.tensor(float("nan"), dtype=dtype), x)
+        x = torch.where(pick == 1, torch.tensor(float("inf"), dtype=dtype), x)
+        x = torch.where(pick == 2, torch.tensor(float("-inf"), dtype=dtype), x)
+        x = torch.where(pick == 3, torch.tensor(-0.0, dtype=dtype), x)
+    return x
+
+
+def random_input(shape, dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# every backend against torch
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype(cpu_triton, backend, dtype):
+    if backend == "bitonic" and dtype.itemsize == 8:
+        pytest.skip("bitonic takes keys of at most 32 bits")
+    x = random_input((3, 77), dtype, seed=dtype.itemsize)
+    check(x, 9, backend=backend)
+    check(x, 5, largest=False, sorted=False, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("largest", [True, False])
+def test_special_values(cpu_triton, backend, largest):
+    x = torch.stack([special_row(96, s) for s in range(3)])
+    for k in (0, 1, 7, 40, 96):
+        check(x, k, largest=largest, backend=backend)
+    check(x, 33, largest=largest, sorted=False, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_half_precision_specials(cpu_triton, backend):
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.stack([special_row(64, 10 + s, dtype) for s in range(2)])
+        check(x, 20, backend=backend)
+        check(x, 20, largest=False, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_equal_and_extremes(cpu_triton, backend):
+    check(torch.full((2, 50), 3.0), 17, backend=backend)
+    check(torch.full((2, 50), float("nan")), 5, largest=False, backend=backend)
+    check(torch.zeros(2, 50), 50, sorted=False, backend=backend)
+    lo, hi = torch.iinfo(torch.int32).min, torch.iinfo(torch.int32).max
+    ints = torch.tensor([[lo, hi, 0, -1, 1]] * 2, dtype=torch.int32)
+    check(ints, 2, backend=backend)
+    check(ints, 2, largest=False, backend=backend)
+    check(torch.tensor([[0, 255, 128, 1]], dtype=torch.uint8), 3, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_dim_and_layout(cpu_triton, backend):
+    x = torch.randn(3, 4, 5)
+    for dim in (0, 1, 2, -1, -3):
+        check(x, 2, dim, backend=backend)
+    check(x.transpose(0, 2), 3, 1, backend=backend)          # non-contiguous, rows in place
+    check(x.permute(1, 2, 0)[:, ::2], 2, 0, backend=backend)  # rows that need a copy
+    check(x[:, 1:4, ::2], 2, -1, largest=False, backend=backend)
+    check(x[:1].expand(2, 1, 4, 5), 2, 0, backend=backend)    # stride 0
+    check(torch.tensor(2.5), 1, backend=backend)              # 0-d
+    check(torch.tensor(2.5), 0, backend=backend)
+    check(torch.randn(4, 0), 0, backend=backend)              # empty rows
+    check(torch.randn(0, 5), 2, backend=backend)              # no rows
+    check(torch.randn(6, 1), 1, backend=backend)              # rows of one
+
+
+# ---------------------------------------------------------------------------------------------
+# the radix backend's paths (the interpreter's plan: tiles of 256, sample blocks of 128, rows of
+# up to 512 selected directly)
+# ---------------------------------------------------------------------------------------------
+def plan_of(x: torch.Tensor, k: int, config: dict | None = None):
+    call = K.prepare(x, k)
+    backend = K.OP.backend("radix")
+    return backend.plan(call, config), call, backend
+
+
+@pytest.mark.parametrize("rows,n,k,mode", [(2, 400, 30, "direct"), (1, 3000, 20, "split"),
+                                           (1, 3000, 1, "split"), (1, 1500, 200, "direct"),
+                                           (4, 1200, 9, "fused")])
+def test_radix_modes(cpu_triton, rows, n, k, mode):
+    # The interpreter's plan counts 4 SMs: one row splits over several programs, 4 rows or more
+    # get one program each.
+    x = torch.randn(rows, n)
+    plan, _, _ = plan_of(x, k)
+    assert plan.mode == mode
+    check(x, k)
+    check(x, k, largest=False, sorted=False)
+
+
+def test_radix_fused_mode(cpu_triton):
+    # One program per row (the config the tuner tries for few rows), on one row.
+    x = torch.randn(1, 1200)
+    config = {"COOP": False, "TILE": 128, "SPLIT": 1, "SS": 128, "FT_MAX": 256, "SMS": 4,
+              "EXACT": True}
+    plan, call, backend = plan_of(x, 15, config)
+    assert plan.mode == "fused"
+    values, indices = backend.run(call, config)
+    ref = torch.topk(x, 15)
+    assert same_values(values, ref.values)
+    assert same_values(torch.gather(x, 1, indices), values)
+
+
+def test_radix_every_config(cpu_triton):
+    x = torch.randn(2, 2600)
+    x[1, ::5] = 1.5  # ties around the threshold
+    call = K.prepare(x, 40)
+    backend = K.OP.backend("radix")
+    ref = torch.topk(x, 40)
+    for cfg in backend.configs(call):
+        values, indices = backend.run(call, cfg)
+        assert same_values(values, ref.values), cfg
+        assert same_values(torch.gather(x, 1, indices), values), cfg
+
+
+def test_radix_threshold_is_the_answer(cpu_triton):
+    # Few distinct values: fewer than k keys exceed the threshold, at least k reach it, so the
+    # k-th value is the threshold and the ties come from the tie buffer.
+    x = torch.randint(0, 3, (2, 3000)).float()
+    check(x, 100)
+    check(x, 100, largest=False, sorted=False)
+    check(torch.randint(0, 3, (3000,), dtype=torch.int16), 1000)
+
+
+def test_radix_sample_misses(cpu_triton, monkeypatch):
+    # A threshold with no margin is usually above the k-th key: the finisher must notice and
+    # select from the whole row.
+    monkeypatch.setattr(K, "_margin", lambda mu: 1)
+    K._PLANS.clear()
+    x = torch.randn(1, 3000)
+    plan, _, _ = plan_of(x, 60)
+    assert plan.mode == "split" and plan.m == 1
+    check(x, 60)
+    K._PLANS.clear()
+
+
+def test_radix_buffer_overflow(cpu_triton):
+    # More survivors than the buffer holds: the finisher falls back to the whole row.
+    x = torch.randn(1, 3000)
+    _, call, backend = plan_of(x, 25)
+    cfg = dict(backend.configs(call)[0])
+    plan = K._cached_plan(call, cfg)
+    plan.CAP = 26  # survivors beyond this are dropped, the counts still say how many there were
+    try:
+        values, indices = backend.run(call, cfg)
+    finally:
+        K._PLANS.clear()
+    ref = torch.topk(x, 25)
+    assert same_values(values, ref.values)
+    assert same_values(torch.gather(x, 1, indices), values)
+
+
+def test_radix_long_survivor_lists(cpu_triton):
+    # Survivors beyond one finisher tile: the search and the collection loop over tiles.
+    x = torch.randn(1, 6000)
+    call = K.prepare(x, 300)
+    backend = K.OP.backend("radix")
+    cfg = {"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "EXACT": True}
+    plan = K._cached_plan(call, cfg)
+    assert plan.mode == "split" and plan.CAP > plan.FT
+    values, indices = backend.run(call, cfg)
+    ref = torch.topk(x, 300)
+    assert same_values(values, ref.values)
+    assert same_values(torch.gather(x, 1, indices), values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_radix_one_launch_kernel(cpu_triton, dtype):
+    # The GPU's one-launch mode (sample, wait for the row's programs, filter, last one
+    # finishes). The interpreter runs programs one after another, so no program may wait for a
+    # later one: with one program per row the wait, the ticket and the in-kernel sample still
+    # run. Several programs per row are covered by the gpu tests.
+    x = random_input((3, 2400), dtype, seed=3)
+    call = K.prepare(x, 70)
+    backend = K.OP.backend("radix")
+    cfg = dict(backend.configs(call)[0])
+    plan = K._cached_plan(call, cfg)
+    assert plan.mode == "split"
+    tops = plan.SB * plan.MS  # the same room in the workspace, one block of tops per row
+    plan.mode, plan.B, plan.SB = "coop", 1, 1
+    plan.TPP = -(-call.N // plan.TILE)
+    plan.MS = min(plan.SS, tops)
+    try:
+        values, indices = backend.run(call, cfg)
+    finally:
+        K._PLANS.clear()
+    ref = torch.topk(x, 70)
+    assert same_values(values, ref.values)
+    assert same_values(torch.gather(x, 1, indices), values)
+
+
+def test_radix_one_launch_gives_up_waiting(cpu_triton, monkeypatch):
+    # Two programs per row, run one after the other: the first cannot see the second arrive,
+    # stops waiting after SPIN_LIMIT polls and marks the row; the second (last) one finishes it
+    # from the whole row. Still exact.
+    monkeypatch.setattr(K, "SPIN_LIMIT", K.tl.constexpr(3))
+    x = torch.randn(1, 2400)
+    call = K.prepare(x, 40)
+    cfg = {"COOP": True, "TILE": 256, "SS": 128, "FT_MAX": 512, "SMS": 2, "EXACT": True}
+    plan = K._cached_plan(call, cfg)
+    assert plan.mode == "coop" and plan.B == 2
+    try:
+        values, indices = K.OP.backend("radix").run(call, cfg)
+    finally:
+        K._PLANS.clear()
+    ref = torch.topk(x, 40)
+    assert same_values(values, ref.values)
+    assert same_values(torch.gather(x, 1, indices), values)
+
+
+def test_radix_64_bit_keys_and_sort_after(cpu_triton):
+    x = torch.randn(2, 2000, dtype=torch.float64)
+    x[0, 100:300] = float("nan")
+    check(x, 250)
+    big = torch.randint(-(1 << 62), 1 << 62, (2, 2000), dtype=torch.int64)
+    check(big, 40, largest=False)
+
+
+def test_radix_row_stride_in_place(cpu_triton):
+    base = torch.randn(3, 2600)
+    x = base[:, 7:2500]  # rows are strided, elements adjacent: read in place, no copy
+    call = K.prepare(x, 10)
+    assert call.viewable and call.col_stride == 1 and call.row_stride == 2600
+    check(x, 10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autograd(cpu_triton, backend):
+    x = torch.randn(3, 40, requires_grad=True)
+    w = torch.randn(3, 5)
+    values, indices = ops.topk(x, 5, backend=backend)
+    assert values.requires_grad
+    (values * w).sum().backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref = torch.topk(ref_x, 5)
+    (ref.values * w).sum().backward()
+    assert torch.equal(x.grad, ref_x.grad)
+    with torch.no_grad():
+        assert not ops.topk(x, 5, backend=backend).values.requires_grad
+
+
+# ---------------------------------------------------------------------------------------------
+# properties
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=20, **SETTINGS)
+@given(shape=st.lists(st.integers(1, 24), min_size=1, max_size=3).filter(
+           lambda s: math.prod(s) <= 300), data=st.data(),
+       backend=st.sampled_from(TRITON_BACKENDS), ties=st.booleans())
+def test_property_small(cpu_triton, shape, data, backend, ties):
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    k = data.draw(st.integers(0, shape[dim]))
+    largest, sorted_ = data.draw(st.booleans()), data.draw(st.booleans())
+    dtype = data.draw(st.sampled_from((torch.float32, torch.float16, torch.int32, torch.uint8)))
+    x = (torch.randint(0, 4, shape) if ties else torch.randn(shape) * 100).to(dtype)
+    check(x, k, dim, largest, sorted_, backend=backend)
+
+
+@settings(max_examples=6, **SETTINGS)
+@given(n=st.integers(513, 2500), data=st.data())
+def test_property_radix_long_rows(cpu_triton, n, data):
+    k = data.draw(st.integers(1, min(n, 300)))
+    spread = data.draw(st.sampled_from((3, 50, 10**6)))
+    x = torch.randint(-spread, spread, (n,)).float()
+    check(x, k, largest=data.draw(st.booleans()))
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments and errors, as torch raises them
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,kwargs,error", [
+    ((torch.randn(4), 5), {}, RuntimeError),
+    ((torch.randn(4), -1), {}, RuntimeError),
+    ((torch.randn(4, 3), 2), {"dim": 2}, IndexError),
+    ((torch.randn(4, 3), 2), {"dim": -3}, IndexError),
+    ((torch.tensor(1.0), 1), {"dim": 1}, IndexError),
+    ((torch.randn(4), 2.0), {}, TypeError),
+    ((torch.randn(4), True), {}, TypeError),
+    ((torch.randn(4), 2), {"dim": 0.0}, TypeError),
+    ((torch.randn(4), 2), {"largest": 1}, TypeError),
+    ((torch.randn(4), 2), {"sorted": None}, TypeError),
+    (([1.0, 2.0], 1), {}, TypeError),
+    ((torch.ones(4, dtype=torch.bool), 2), {}, RuntimeError),
+    ((torch.ones(4, dtype=torch.complex64), 2), {}, RuntimeError),
+    ((torch.ones(4, dtype=torch.uint16), 2), {}, NotImplementedError),
+])
+def test_errors_like_torch(args, kwargs, error):
+    with pytest.raises(error):
+        torch.topk(*args, **kwargs)
+    with pytest.raises(error) as info:
+        ops.topk(*args, **kwargs)
+    assert "topk" in str(info.value)
+
+
+def test_error_messages_name_the_argument():
+    with pytest.raises(InvalidArgument, match="k out of range.*k=5.*size 4"):
+        ops.topk(torch.randn(4), 5)
+    with pytest.raises(K.DimError, match=r"dim 2 is out of range.*\[-2, 1\]"):
+        ops.topk(torch.randn(4, 3), 1, dim=2)
+    with pytest.raises(UnsupportedDType, match="bool"):
+        ops.topk(torch.ones(3, dtype=torch.bool), 1)
+    with pytest.raises(TypeError, match="largest must be a bool"):
+        ops.topk(torch.randn(3), 1, largest="yes")
+
+
+def test_index_like_arguments():
+    x = torch.randn(5, 4)
+    ref = torch.topk(x, 2, 0)
+    got = ops.topk(x, torch.tensor(2), dim=torch.tensor(0))
+    assert torch.equal(got.values, ref.values)
+
+
+# ---------------------------------------------------------------------------------------------
+# selection
+# ---------------------------------------------------------------------------------------------
+def test_auto_on_cpu_picks_torch():
+    x = torch.randn(3, 50)
+    decision = K.OP.explain(x, 4)
+    assert decision.choice == "torch"
+    assert torch.equal(ops.topk(x, 4).values, torch.topk(x, 4).values)
+
+
+def test_auto_picks_a_backend_that_can(cpu_triton):
+    x = torch.randn(2, 30, dtype=torch.float64)
+    decision = K.OP.explain(x, 3)
+    able = {c.name for c in decision.candidates if c.supported}
+    assert decision.choice in able and "bitonic" not in able
+    check(x, 3, backend="auto")
+
+
+def test_forced_backend_that_cannot_take_the_call(cpu_triton):
+    with pytest.raises(BackendError, match="bitonic.*64 bits.*can: torch, radix, sort"):
+        ops.topk(torch.randn(3, 10, dtype=torch.float64), 2, backend="bitonic")
+    with pytest.raises(BackendError, match="at most 16384"):
+        ops.topk(torch.randn(20000), 2, backend="bitonic")
+    with pytest.raises(BackendError, match="unknown backend"):
+        ops.topk(torch.randn(10), 2, backend="heap")
+
+
+def test_triton_backends_need_a_device():
+    # Without the interpreter a CPU tensor cannot run Triton; the reason says so.
+    from opselect.dispatch.device import INTERPRETED
+
+    if INTERPRETED:
+        pytest.skip("the interpreter runs Triton on the CPU")
+    with pytest.raises(BackendError, match="CUDA"):
+        ops.topk(torch.randn(10), 2, backend="radix")
+
+
+def test_key_and_describe():
+    x = torch.randn(8, 300)
+    call = K.prepare(x, 5, 0, False, False)
+    assert call.key[1] == torch.float32 and call.key[-3:] == (False, False, "strided")
+    assert K.prepare(x, 5).key[-1] == "rows"
+    assert K.prepare(x.t()[::2], 5).key[-1] in ("strided", "gather")
+    assert "k=5" in call.describe() and "smallest" in call.describe()
+
+
+def test_sample():
+    (x, k), kwargs = K.sample([[4, 1000]], torch.bfloat16, {"k": 7, "dim": 1}, torch.device("cpu"))
+    assert x.shape == (4, 1000) and x.dtype == torch.bfloat16 and k == 7 and kwargs == {"dim": 1}
+    (x, k), _ = K.sample([[500]], torch.int16, {"k": 3, "values": "ties"}, torch.device("cpu"))
+    assert x.dtype == torch.int16 and int(x.max()) < 16
+    with pytest.raises(InvalidArgument, match="k"):
+        K.sample([[10]], torch.float32, {}, torch.device("cpu"))
+    with pytest.raises(InvalidArgument, match="values"):
+        K.sample([[10]], torch.float32, {"k": 1, "values": "odd"}, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the cost model
+# ---------------------------------------------------------------------------------------------
+H200 = DeviceInfo(type="cuda", index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
+                  l2_bytes=60 * 2**20, memory_bytes=141 * 2**30)
+
+
+def estimates(shape, k, dtype=torch.float32, dim=-1):
+    call = K.prepare(torch.empty(shape, dtype=dtype, device="meta"), k, dim)
+    model = defaults_for(H200)
+    out = {}
+    for b in K.OP.backends:
+        if b.supports(call) is None:
+            est = b.cost(call, model)
+            assert math.isfinite(est.seconds) and est.seconds > 0
+            out[b.name] = est.seconds
+    return out
+
+
+@pytest.mark.parametrize("shape,k,dtype,dim", [
+    ((16_000_000,), 1024, torch.float32, -1), ((64, 128000), 50, torch.float32, -1),
+    ((4096, 32000), 50, torch.bfloat16, -1), ((4096, 256), 8, torch.float32, -1),
+    ((16, 1_000_000), 2048, torch.float32, -1), ((1_000_000, 16), 8, torch.float32, 0),
+    ((1 << 20,), 1 << 19, torch.float32, -1), ((3, 7), 7, torch.int8, -1),
+    ((1000,), 0, torch.float64, -1), ((0, 10), 3, torch.float32, -1)])
+def test_cost_model_estimates(shape, k, dtype, dim):
+    est = estimates(shape, k, dtype, dim)
+    assert set(est) >= {"torch", "radix", "sort"}
+
+
+def test_cost_model_prefers_the_right_kernel():
+    est = estimates((16_000_000,), 1024)
+    assert min(est, key=est.get) == "radix" and est["radix"] * 5 < est["torch"]
+    est = estimates((64, 128000), 50)
+    assert min(est, key=est.get) == "radix"
+    est = estimates((1 << 20,), 1 << 19)  # half the row: a full sort (torch's too) wins
+    assert min(est, key=est.get) in ("sort", "torch") and est["radix"] > est["sort"]
+    est = estimates((4096, 256), 8)
+    assert min(est, key=est.get) == "bitonic"
+
+
+def test_radix_plans_stay_in_bounds():
+    for R, N, k in [(1, 16_000_000, 1024), (1, 16_000_000, 1), (1, 130_000_000, 16384),
+                    (64, 128000, 50), (4096, 32000, 50), (16, 1 << 20, 2048), (3, 9000, 8000),
+                    (1, (1 << 31) + 5, 10), (200, 100_000, 64)]:
+        for cfg in ({"COOP": True}, {"COOP": False, "TILE": 4096, "PPS": 4}, {"FUSED_TILE": 4096}):
+            p = K.radix_plan(R, N, k, torch.float32, True, 132, cfg)
+            if p.mode == "coop":
+                assert R * p.B <= 132  # every program of the grid resident at once
+            if p.mode in ("coop", "split"):
+                assert 2 * p.m <= p.SB * p.MS <= K.UNION_MAX and p.MS <= p.SS
+            if p.mode == "fused":
+                assert 2 * p.m <= p.SS
+            if p.mode in ("coop", "split", "fused"):
+                assert p.CAP >= k and p.KP in (64, 1024) and p.FT in (256, 1024, 4096, 8192)
+                assert (p.B - 1) * p.TPP * p.TILE < N <= p.B * p.TPP * p.TILE
+                assert p.FT <= 512 * p.warps
+            assert p.expected_survivors <= N
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU, real sizes
+# ---------------------------------------------------------------------------------------------
+GPU_CASES = [((16_000_000,), 1024), ((16_000_000,), 1), ((4_000_000,), 16384),
+             ((64, 128000), 50), ((512, 32000), 50), ((4096, 256), 8), ((16, 1 << 20), 2048),
+             ((300, 5000), 100), ((100_000,), 3000), ((7, 9000), 8000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape,k", GPU_CASES)
+def test_gpu_backends(cuda, backend, shape, k):
+    if backend == "bitonic" and shape[-1] > K.BITONIC_MAX:
+        pytest.skip("rows longer than bitonic holds")
+    x = torch.randn(shape, device=cuda)
+    check(x, k, backend=backend)
+    check(x, k, largest=False, sorted=False, backend=backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_every_dtype(cuda, dtype):
+    for shape, k in (((2, 300_000), 64), ((1000, 3000), 10)):
+        x = random_input(shape, dtype).to(cuda)
+        for backend in BACKENDS:
+            if backend == "bitonic" and (dtype.itemsize == 8 or shape[-1] > K.BITONIC_MAX):
+                continue
+            check(x, k, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_every_radix_config(cuda):
+    backend = K.OP.backend("radix")
+    for shape, k in (((1, 5_000_000), 700), ((40, 200_000), 33), ((2000, 20000), 5)):
+        x = torch.randn(shape, device=cuda)
+        x[:, ::97] = 0.5  # ties
+        call = K.prepare(x, k)
+        ref = torch.topk(x, k)
+        for cfg in backend.configs(call):
+            values, indices = backend.run(call, cfg)
+            assert same_values(values, ref.values), cfg
+            assert same_values(torch.gather(x, 1, indices), values), cfg
+
+
+@pytest.mark.gpu
+def test_gpu_special_values(cuda):
+    x = torch.stack([special_row(200_000, s) for s in range(4)]).to(cuda)
+    for backend in ("radix", "sort"):
+        check(x, 500, backend=backend)
+        check(x, 500, largest=False, backend=backend)
+    check(torch.full((3, 1_000_000), 7.0, device=cuda), 1000)          # all equal
+    check(torch.randint(0, 3, (2, 2_000_000), device=cuda).half(), 5000)  # threshold = answer
+
+
+@pytest.mark.gpu
+def test_gpu_dims_and_layouts(cuda):
+    x = torch.randn(64, 3000, 20, device=cuda)
+    for dim in (0, 1, 2):
+        for backend in BACKENDS:
+            check(x, 10, dim, backend=backend)
+    check(torch.randn(100_000, 16, device=cuda), 8, 0)  # columns
+
+
+@pytest.mark.gpu
+@settings(max_examples=30, **SETTINGS)
+@given(rows=st.integers(1, 300), n=st.integers(1, 300_000), data=st.data())
+def test_gpu_random(cuda, rows, n, data):
+    k = data.draw(st.integers(0, min(n, 5000)))
+    x = torch.randn(rows, n, device=cuda)
+    check(x, k, largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()),
+          backend=data.draw(st.sampled_from(("radix", "auto"))))
+
+
+@pytest.mark.gpu
+def test_gpu_row_past_2_31_elements(cuda):
+    n = (1 << 31) + 4097
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * n:
+        pytest.skip("not enough GPU memory")
+    x = torch.zeros(n, dtype=torch.uint8, device=cuda)
+    where = torch.tensor([5, 1 << 30, (1 << 31) - 1, 1 << 31, n - 1], device=cuda)
+    x[where] = torch.tensor([7, 9, 11, 13, 250], dtype=torch.uint8, device=cuda)
+    values, indices = ops.topk(x, 5, backend="radix")
+    assert values.tolist() == [250, 13, 11, 9, 7]
+    assert indices.tolist() == [n - 1, 1 << 31, (1 << 31) - 1, 1 << 30, 5]
