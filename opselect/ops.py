@@ -3,7 +3,8 @@
     ops.isin(a, b)                    automatic choice of backend
     ops.isin(a, b, backend="hash")    force one ("auto" or None: choose)
 
-Every op accepts what its torch namesake accepts and returns what it returns.
+Every op accepts what its torch namesake accepts and returns what it returns. Each function calls
+its op's prepare() and then Op.run() directly: the memo-hit path stays a few microseconds.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
     torch.return_types.topk(values, indices). NaN counts as larger than every number.
 
     Backends: torch, radix, sort, bitonic (see opselect.kernels.topk)."""
-    return _topk.OP(input, k, dim=dim, largest=largest, sorted=sorted, backend=backend)
+    return _topk.OP.run(_topk.prepare(input, k, dim, largest, sorted), backend)
 
 
 def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Tensor] = None,
@@ -44,7 +45,7 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
     """input.permute(dims).contiguous(), as a new tensor (or written into `out`).
 
     Backends: torch, naive, tiled, vectorized (see opselect.kernels.permute)."""
-    return _permute.OP(input, dims, out=out, backend=backend)
+    return _permute.OP.run(_permute.prepare(input, dims, out=out), backend)
 
 
 def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,
@@ -57,13 +58,14 @@ def softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] 
             backend: Optional[str] = None) -> torch.Tensor:
     """torch.softmax along `dim` (accumulating in float32, float64 stays float64); works under
     autograd. Backends: torch, fused, online, multirow, strided (see opselect.kernels.softmax)."""
-    return _softmax.SOFTMAX_OP(input, dim, dtype=dtype, backend=backend)
+    return _softmax.SOFTMAX_OP.run(_softmax.prepare_softmax(input, dim, dtype=dtype), backend)
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None,
                 backend: Optional[str] = None) -> torch.Tensor:
     """torch.log_softmax, with the same backends and rules as softmax()."""
-    return _softmax.LOG_SOFTMAX_OP(input, dim, dtype=dtype, backend=backend)
+    return _softmax.LOG_SOFTMAX_OP.run(_softmax.prepare_log_softmax(input, dim, dtype=dtype),
+                                       backend)
 
 
 __all__ = ["isin", "log_softmax", "permute", "softmax", "topk", "transpose"]
