@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Case, Suite, main_guard  # noqa: E402
+from harness import Case, Suite, at_least, at_most, main_guard  # noqa: E402
 
 from opselect.dispatch import get_op  # noqa: E402
 
@@ -106,23 +106,17 @@ def targets(rows: list[dict], summary: dict) -> dict:
         "target_warm_regret_geomean_within_3pct": summary.get("auto-warm_regret_geomean"),
     }
     out["targets_met"] = {
-        "5x_torch": _ge(out["target_auto_5x_torch_geomean"], 5.0),
-        "2x_flag_gems": _ge(out["target_auto_2x_flag_gems_geomean"], 2.0),
-        "never_3pct_slower": _ge(worst, 0.97),
-        "30pct_bw": _ge(out["target_30pct_bw_big_elements_small_test_min"], 30.0),
-        "10pct_bw": _ge(out["target_10pct_bw_big_elements_1e6_test_min"], 10.0),
-        "cold_p90_15pct": _le(out["target_cold_regret_p90_within_15pct"], 1.15),
-        "warm_geomean_3pct": _le(out["target_warm_regret_geomean_within_3pct"], 1.03),
+        "5x_torch": at_least(out["target_auto_5x_torch_geomean"], 5.0),
+        "2x_flag_gems": at_least(out["target_auto_2x_flag_gems_geomean"], 2.0),
+        "never_3pct_slower": at_least(worst, 0.97),
+        "30pct_bw": at_least(out["target_30pct_bw_big_elements_small_test_min"], 30.0),
+        "10pct_bw": at_least(out["target_10pct_bw_big_elements_1e6_test_min"], 10.0),
+        "cold_p90_15pct": at_most(out["target_cold_regret_p90_within_15pct"], 1.15),
+        "warm_geomean_3pct": at_most(out["target_warm_regret_geomean_within_3pct"], 1.03),
     }
     return out
 
 
-def _ge(x, bound):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else bool(x >= bound)
-
-
-def _le(x, bound):
-    return None if x is None else bool(x <= bound)
 
 
 def suite(smoke: bool) -> Suite:

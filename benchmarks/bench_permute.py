@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Case, Suite, main_guard  # noqa: E402
+from harness import Case, Suite, at_least, at_most, main_guard  # noqa: E402
 
 from opselect.dispatch import get_op  # noqa: E402
 
@@ -104,19 +104,13 @@ def targets(rows: list[dict], summary: dict) -> dict:
     }
     out["targets_met"] = {
         "85pct_copy_bw_every_case": bool(rows) and not below,
-        "2.5x_torch": _ge(out["target_auto_2.5x_torch_geomean"], 2.5),
-        "never_slower_than_torch": _ge(worst, 1.0),
-        "cold_p90_15pct": _le(out["target_cold_regret_p90_within_15pct"], 1.15),
+        "2.5x_torch": at_least(out["target_auto_2.5x_torch_geomean"], 2.5),
+        "never_slower_than_torch": at_least(worst, 1.0),
+        "cold_p90_15pct": at_most(out["target_cold_regret_p90_within_15pct"], 1.15),
     }
     return out
 
 
-def _ge(x, bound):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else bool(x >= bound)
-
-
-def _le(x, bound):
-    return None if x is None else bool(x <= bound)
 
 
 def suite(smoke: bool) -> Suite:

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from harness import Case, Suite, main_guard  # noqa: E402
+from harness import Case, Suite, at_least, main_guard  # noqa: E402
 
 from opselect.dispatch import get_op  # noqa: E402
 
@@ -146,9 +146,6 @@ def _peers() -> dict:
     return {"flag_gems": gems_softmax}
 
 
-def _ge(x, bound):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else bool(x >= bound)
-
 
 def targets(rows: list[dict], summary: dict) -> dict:
     """The issue's targets, each with its measured value and whether it is met."""
@@ -173,8 +170,8 @@ def targets(rows: list[dict], summary: dict) -> dict:
         "target_cold_regret_p90_within_15pct": summary.get("auto-cold_regret_p90"),
     }
     out["targets_met"] = {
-        "never_2pct_slower": _ge(worst, 0.98),
-        "1.3x_torch_geomean": _ge(geo, 1.3),
+        "never_2pct_slower": at_least(worst, 0.98),
+        "1.3x_torch_geomean": at_least(geo, 1.3),
         "85pct_bw_rows_ge_1024": None if not long_rows else not low_bw,
         "cold_p90_15pct": None if summary.get("auto-cold_regret_p90") is None
         else bool(summary["auto-cold_regret_p90"] <= 1.15),

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Case, Suite, main_guard  # noqa: E402
+from harness import Case, Suite, at_least, at_most, main_guard  # noqa: E402
 
 from opselect.dispatch import get_op  # noqa: E402
 
@@ -132,23 +132,17 @@ def targets(rows: list[dict], summary: dict) -> dict:
         "target_cold_regret_p90_within_15pct": regret,
     }
     out["targets_met"] = {
-        "3x_torch": _ge(geo, 3.0),
-        "never_3pct_slower_than_torch": _ge(worst, 0.97),
-        "long_row_40pct_copy_bw": (bool(long_pct) and all(_ge(v, 40.0) for v in long_pct.values())
+        "3x_torch": at_least(geo, 3.0),
+        "never_3pct_slower_than_torch": at_least(worst, 0.97),
+        "long_row_40pct_copy_bw": (bool(long_pct) and all(at_least(v, 40.0) for v in long_pct.values())
                                    if long_pct else None),
-        "sampling_1.5x_torch": (all(_ge(v, 1.5) for v in sampling.values())
+        "sampling_1.5x_torch": (all(at_least(v, 1.5) for v in sampling.values())
                                 if len(sampling) == len(SAMPLING) else None),
-        "cold_p90_15pct": _le(regret, 1.15),
+        "cold_p90_15pct": at_most(regret, 1.15),
     }
     return out
 
 
-def _ge(x, bound):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else bool(x >= bound)
-
-
-def _le(x, bound):
-    return None if x is None else bool(x <= bound)
 
 
 def _peers() -> dict:

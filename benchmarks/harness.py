@@ -238,6 +238,15 @@ def _derive(row: dict, op, bw: float) -> None:
         row["regret"] = {k: done[k] / best[0] for k in ("auto-cold", "auto-warm") if k in done}
 
 
+def at_least(x: float | None, bound: float) -> bool | None:
+    """A target check: None when the value was not measured."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else bool(x >= bound)
+
+
+def at_most(x: float | None, bound: float) -> bool | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else bool(x <= bound)
+
+
 def _geomean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None

@@ -233,18 +233,14 @@ def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N, log_t,
 
 
 @triton.jit
-def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
+def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid,
                        IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, LOCAL_SLOTS: tl.constexpr,
                        INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
-    """LOCAL_SLOTS > 0: the table has that many slots (2**log_t) and is copied on chip."""
-    pid = tl.program_id(0)
-    if I64:
-        pid = pid.to(tl.int64)
+                       BLOCKS_PER_PROGRAM: tl.constexpr):
+    """One program's blocks of elements looked up in the hash set. LOCAL_SLOTS > 0: the table
+    has that many slots (2**log_t) and is copied on chip, once for all the program's blocks."""
     table = 0
     if LOCAL_SLOTS > 0:
-        # Small tables are held by the program itself: first probes become on-chip gathers, and
-        # the copy is paid once for BLOCKS_PER_PROGRAM blocks.
         table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
     for i in range(BLOCKS_PER_PROGRAM):
         offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
@@ -253,6 +249,18 @@ def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
         found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT, KEY_BITS,
                              LOCAL_SLOTS > 0)
         tl.store(out_ptr + offs, found != INVERT, mask=ok)
+
+
+@triton.jit
+def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
+                       IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr, LOCAL_SLOTS: tl.constexpr,
+                       INVERT: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, IS_FLOAT, KEY_BITS,
+                       LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM)
 
 
 # The bitmap backend decides on the device, without a host sync, between a bitmap (when the test
@@ -346,16 +354,8 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_p
             found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
             tl.store(out_ptr + offs, found != INVERT, mask=ok)
     else:
-        table = 0
-        if LOCAL_SLOTS > 0:
-            table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
-        for i in range(BLOCKS_PER_PROGRAM):
-            offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
-            ok = offs < M
-            v = tl.load(x_ptr + offs, mask=ok, other=0)
-            found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, False, KEY_BITS,
-                                 LOCAL_SLOTS > 0)
-            tl.store(out_ptr + offs, found != INVERT, mask=ok)
+        _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, False, KEY_BITS,
+                           LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -592,8 +592,8 @@ def _blocks_per_program(m: int, block: int, per: int) -> int:
 
 class HashBackend(Backend):
     name = "hash"
-    kernels = (_hash_build_kernel, _hash_probe_kernel, _hash_insert, _hash_lookup, _to_key,
-               _widen_half, _hash)
+    kernels = (_hash_build_kernel, _hash_probe_kernel, _hash_probe_blocks, _hash_insert,
+               _hash_lookup, _to_key, _widen_half, _hash)
 
     def configs(self, call: IsinCall) -> list[dict]:
         if table_plan(call.n, _key_bits(call.elements.dtype), True)[1]:
@@ -654,7 +654,8 @@ class BitmapBackend(Backend):
 
     name = "bitmap"
     kernels = (_minmax_partials_kernel, _bitmap_setup_kernel, _bitmap_build_kernel,
-               _bitmap_probe_kernel, _hash_insert, _hash_lookup, _to_key, _widen_half, _hash)
+               _bitmap_probe_kernel, _hash_probe_blocks, _hash_insert, _hash_lookup, _to_key,
+               _widen_half, _hash)
     MINMAX_BLOCK = 1024
     MAX_PARTIALS = 1024
 
