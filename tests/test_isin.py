@@ -142,6 +142,22 @@ def test_hash_collisions(cpu_triton):
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_every_config(cpu_triton, backend):
+    """Forcing a backend runs its first config only; tuning may pick any of them. Test sets on
+    both sides of compare's unrolled limit (64) and of a power of two."""
+    b = isin_mod.OP.backend(backend)
+    gen = torch.Generator().manual_seed(5)
+    for n in (1, 5, 16, 63, 64, 65, 300):
+        test = random_values(n, torch.int32, "cpu", lo=-40, hi=400, gen=gen)
+        elements = random_values(700, torch.int32, "cpu", lo=-40, hi=400, gen=gen)
+        for invert in (False, True):
+            call = isin_mod.prepare(elements, test, invert=invert)
+            expected = torch.isin(elements, test, invert=invert)
+            for cfg in b.configs(call):
+                _assert_same(b.run(call, cfg), expected, elements, test, f"{backend} {cfg}")
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_shapes_empty_scalar_noncontiguous(cpu_triton, backend):
     base = torch.arange(60, dtype=torch.int32).reshape(3, 4, 5)
     test = torch.tensor([3, 17, 59, 100], dtype=torch.int32)

@@ -170,6 +170,58 @@ def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
         assert 1 < parts <= -(-1100 // config["BLOCK_N"])
 
 
+@pytest.mark.parametrize("chunk", [256, 128])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
+    """Programs sharing a row by tickets. The interpreter runs programs one by one, so only the
+    last ticket of a row finds its siblings arrived (it merges their statistics); the others give
+    up waiting at once and read the whole row: both paths run."""
+    grids = spy(monkeypatch, "_coop_fwd_kernel")
+    torch.manual_seed(4)
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        x = (torch.randn(3, 1100) * 5).to(dtype)
+        x[1, 700:] = float("-inf")  # whole chunks of -inf, after finite ones
+        x[2, :900] = float("-inf")  # whole chunks of -inf, before finite ones
+        got = run_config(x, -1, log, "online", {"COOP_CHUNK": chunk, "num_warps": 4})
+        assert_matches(got, x, -1, log, backend=f"online coop {chunk}")
+    assert grids["_coop_fwd_kernel"] == [(3 * -(-1100 // chunk),)] * 3
+    # non-contiguous rows, a row of NaN and a row of +inf
+    x = torch.randn(4, 2400)[:, ::2].clone()[:, :1100]
+    x[1, 5] = float("nan")
+    x[2, 1000] = float("inf")
+    assert_matches(run_config(x.t().contiguous().t(), -1, log, "online",
+                              {"COOP_CHUNK": chunk, "num_warps": 4}), x, -1, log,
+                   backend="online coop")
+
+
+def test_cooperative_split_limits(cpu_triton, monkeypatch):
+    """A row is shared by at most min(64, SMs) programs: more could not be relied on to run at
+    once (the wait would give up and reread rows)."""
+    def gpu_call(n, sms):
+        call = sm.prepare_softmax(torch.empty(2, n), -1)
+        call.info = dataclasses.replace(call.info, type="cuda", index=0, sm_count=sms)
+        return call
+
+    call = gpu_call(1 << 20, 132)
+    assert sm.coop_split(call, 16384) == 64 and sm.coop_split(call, 8192) is None
+    assert [c["COOP_CHUNK"] for c in sm.OnlineBackend.coop_configs(call)] == [16384]
+    call = gpu_call(1 << 20, 16)
+    assert sm.OnlineBackend.coop_configs(call) == []
+    assert "COOP_CHUNK" not in sm.OP.backend("online").configs(call)[0]
+    assert sm.coop_split(gpu_call(50257, 132), 8192) == 7
+    assert sm.coop_split(gpu_call(16384, 132), 16384) is None  # one chunk: that is fused's job
+
+
+def test_cooperative_config_outside_its_limits(cpu_triton, monkeypatch):
+    """A cached config from the same shape bucket may not suit this row: plain online runs."""
+    grids = spy(monkeypatch, "_coop_fwd_kernel", "_online_fwd_kernel", "_split_stats_kernel")
+    x = torch.randn(2, 1500)
+    got = run_config(x, -1, False, "online", {"COOP_CHUNK": 2048, "num_warps": 4})  # one chunk
+    assert_matches(got, x, -1, False, backend="online")
+    assert not grids["_coop_fwd_kernel"] and (grids["_online_fwd_kernel"]
+                                              or grids["_split_stats_kernel"])
+
+
 @pytest.mark.parametrize("config", [
     {"BLOCK_I": 4, "TILE": 32, "WARP_SCALE": 1},   # the dim in chunks of 2: two passes
     {"BLOCK_I": 2, "TILE": 1024, "WARP_SCALE": 2},  # narrow column blocks, whole dim at once
@@ -628,6 +680,33 @@ def test_gpu_backward(cuda, backend, shape, dim):
         for log in (False, True):
             got, ref = grads(x, dim, log, backend, torch.randn(shape, device=cuda))
             assert_grad(got, ref, dtype, f"{backend} {shape} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 131072), (4, 1 << 20), (300, 50257), (3, 3 << 20)])
+def test_gpu_online_every_config(cuda, shape):
+    """Tuning may pick any config: cooperative rows and the two-pass paths, at real sizes."""
+    torch.manual_seed(23)
+    backend = sm.SOFTMAX_OP.backend("online")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(shape, device=cuda) * 4).to(dtype)
+        x[0, 1000:] = float("-inf")
+        for log in (False, True):
+            op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+            call = op.prepare(x, -1)
+            for cfg in backend.configs(call):
+                assert_matches(backend.run(call, cfg), x, -1, log, backend=f"online {cfg}")
+
+
+@pytest.mark.gpu
+def test_gpu_cooperative_gives_up_waiting(cuda, monkeypatch):
+    """With a spin limit of one poll most programs stop waiting and reread their row: slower,
+    still right (the path that keeps a starved launch from hanging)."""
+    monkeypatch.setattr(sm, "COOP_SPIN_LIMIT", 1)
+    x = torch.randn(64, 131072, device=cuda) * 3
+    for log in (False, True):
+        got = run_config(x, -1, log, "online", {"COOP_CHUNK": 8192, "num_warps": 8})
+        assert_matches(got, x, -1, log, backend="online coop, no waiting")
 
 
 @pytest.mark.gpu

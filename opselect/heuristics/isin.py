@@ -43,14 +43,19 @@ def torch_(call, model):
 #: memory, is the bound (one program walks the whole test set): a scalar load, a compare and an or
 #: for the streaming variant; a [64, 64] tile for the tiled one.
 COMPARE_STEP_S = {1: 60e-9, 64: 300e-9}
+#: The unrolled variant (tiny test sets) waits for one round of loads, then compares.
+COMPARE_UNROLLED_WAIT_S, COMPARE_UNROLLED_STEP_S = 1e-6, 5e-9
 
 
-def compare(call, model, *, tile_n: int = 1, block: int = 2048):
+def compare(call, model, *, tile_n: int = 1, block: int = 2048, unrolled: bool = False):
     m, n = call.m, call.n
     programs = max(1, -(-m // block))
     waves = -(-programs // (4 * model.sm_count))
-    steps = n if tile_n == 1 else -(-n // tile_n)
-    latency = waves * steps * COMPARE_STEP_S[1 if tile_n == 1 else 64]
+    if tile_n == 1 and unrolled:
+        latency = waves * (COMPARE_UNROLLED_WAIT_S + n * COMPARE_UNROLLED_STEP_S)
+    else:
+        steps = n if tile_n == 1 else -(-n // tile_n)
+        latency = waves * steps * COMPARE_STEP_S[1 if tile_n == 1 else 64]
     return model.estimate(OP, "compare", triton=True, launch=model.launch + model.torch_launch,
                           memory=_stream(call, model),
                           compares=max(m * max(n, 16) * model.compare, latency))

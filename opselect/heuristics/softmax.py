@@ -162,8 +162,25 @@ def multirow(call, model):
                           **parts)
 
 
-def online(call, model, *, split: int):
+#: Time a wave of cooperative programs spends waiting for the row's other chunks (a guess: a few
+#: polls of an L2 atomic after the slowest sibling's load).
+COOP_WAIT_S = 2e-6
+
+
+def online(call, model, *, split: int, cooperative: bool = False):
     op = _name(call)
+    if cooperative:
+        # One read and one write; the programs of a row wait for each other (a few us per wave
+        # of rows), and the counters are zeroed by one more launch.
+        host = _host(call, model, kernels=2, allocations=3)
+        if call.numel == 0:
+            return model.estimate(op, "online", triton=True, launch=host)
+        parts = _prepass(call, model)
+        programs = call.outer * split
+        eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
+        parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
+        parts["sync"] = COOP_WAIT_S * math.ceil(programs / (2 * model.sm_count))
+        return model.estimate(op, "online", triton=True, launch=host, **parts)
     if split == 1:
         host = _host(call, model)
     else:  # two kernels, the output and two workspaces

@@ -98,7 +98,7 @@ def _hash(key, log_t, KEY_BITS: tl.constexpr):
 
 @triton.jit
 def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                    TILE_N: tl.constexpr, I64: tl.constexpr):
+                    TILE_N: tl.constexpr, UNROLL: tl.constexpr, I64: tl.constexpr):
     pid = tl.program_id(0)
     if I64:
         pid = pid.to(tl.int64)
@@ -106,7 +106,16 @@ def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl
     ok = offs < M
     x = _widen_half(tl.load(x_ptr + offs, mask=ok))
     # == is IEEE equality: NaN matches nothing, -0.0 matches 0.0, as torch.isin.
-    if TILE_N == 1:
+    if TILE_N == 1 and UNROLL > 0:
+        # A tiny test set (N <= UNROLL): the loop is unrolled, so its scalar loads are independent
+        # straight-line code the compiler issues together, and a program waits for memory once
+        # instead of once per test element. Indices past N re-read the last test element, which
+        # changes no answer and needs no mask.
+        found = tl.zeros([BLOCK], dtype=tl.int1)
+        last = N - 1
+        for j in tl.static_range(UNROLL):
+            found = found | (x == _widen_half(tl.load(t_ptr + tl.minimum(last, j))))
+    elif TILE_N == 1:
         # Many elements: each test element is one scalar load, the same address for every lane
         # (a broadcast from L1), then one compare and one or per element.
         found = tl.zeros([BLOCK], dtype=tl.int1)
@@ -504,6 +513,9 @@ class CompareBackend(Backend):
     name = "compare"
     kernels = (_compare_kernel, _widen_half)
     MAX_N = 4096  # beyond this the O(M * N) work is never competitive; keep tuning short
+    # Test sets up to this size are walked by an unrolled loop (one compiled variant per power of
+    # two, so at most 7).
+    MAX_UNROLL = 64
 
     def supports(self, call: IsinCall) -> str | None:
         if call.n > self.MAX_N:
@@ -527,14 +539,16 @@ class CompareBackend(Backend):
         x, t = flat(call.elements), flat(call.test)
         out = _output(call)
         block = config["BLOCK"]
+        unroll = next_pow2(call.n) if call.n <= self.MAX_UNROLL else 0
         _compare_kernel[(cdiv(call.m, block),)](
             x, t, out, call.m, call.n, INVERT=call.invert, BLOCK=block, TILE_N=config["TILE_N"],
-            I64=needs_int64(call.m), num_warps=config["num_warps"])
+            UNROLL=unroll, I64=needs_int64(call.m), num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
         first = self.configs(call)[0]
-        return cost.compare(call, model, tile_n=first["TILE_N"], block=first["BLOCK"])
+        return cost.compare(call, model, tile_n=first["TILE_N"], block=first["BLOCK"],
+                            unrolled=call.n <= self.MAX_UNROLL)
 
 
 class SearchBackend(Backend):

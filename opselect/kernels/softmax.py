@@ -137,6 +137,17 @@ def _finish(x, big, total, LOG: tl.constexpr):
     return out
 
 
+@triton.jit
+def _row_and_part(index, split, I64: tl.constexpr):
+    """The row and the part of it that program `index` takes when rows are split in `split`."""
+    row = index // split
+    part = index % split
+    if I64:
+        row = row.to(tl.int64)
+        part = part.to(tl.int64)
+    return row, part
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernels: forward
 # ---------------------------------------------------------------------------------------------
@@ -215,11 +226,7 @@ def _split_stats_kernel(x_ptr, m_ptr, s_ptr, n_q, sx_q, chunk, split,
     of BLOCK_N."""
     N = n_q * ALIGN
     pid = tl.program_id(0)
-    row = pid // split
-    part = pid % split
-    if I64:
-        row = row.to(tl.int64)
-        part = part.to(tl.int64)
+    row, part = _row_and_part(pid, split, I64)
     x_row = x_ptr + row * sx_q * ALIGN
     first = part * chunk
     cols = tl.arange(0, BLOCK_N)
@@ -244,11 +251,7 @@ def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split
     # Reverse program order (and reverse chunk order inside): the data the stats kernel read last
     # is still in L2.
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    row = pid // split
-    part = pid % split
-    if I64:
-        row = row.to(tl.int64)
-        part = part.to(tl.int64)
+    row, part = _row_and_part(pid, split, I64)
     k = tl.arange(0, SPLIT_POW2)
     pm = tl.load(m_ptr + row * split + k, mask=k < split, other=float("-inf"))
     ps = tl.load(s_ptr + row * split + k, mask=k < split, other=0.0)
@@ -262,6 +265,67 @@ def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split
         mask = offs < N
         x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
         tl.store(y_row + offs, _finish(x, big, total, LOG).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, rows,
+                     ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
+                     CHUNK: tl.constexpr, SPLIT_POW2: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+                     FALLBACK_BLOCK: tl.constexpr, I64: tl.constexpr):
+    """online, cooperative: `split` programs share a row, each holding one CHUNK of it in
+    registers. Each publishes its chunk's (max, sum), waits for the row's other chunks, merges
+    and normalises its registers: one read and one write of the row, in one launch.
+
+    Chunks are handed out by ticket (an atomic counter), not by program id, so they go to
+    programs in the order the programs start: a program that waits holds the last ticket taken
+    so far of its row, and the row's remaining tickets go to programs that are running or start
+    next. At least `split` programs run at once (split <= SM count), so the wait ends. If it ever
+    does not (SPIN_LIMIT polls: another kernel holding the SMs, or the interpreter, which runs
+    programs one by one), the program reads its whole row to compute the statistics itself:
+    slower, never wrong and never hung."""
+    N = n_q * ALIGN
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    row, part = _row_and_part(ticket, split, I64)
+    x_row = x_ptr + row * sx_q * ALIGN
+    y_row = y_ptr + row * sy_q * ALIGN
+    offs = part * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < N
+    x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
+    big = tl.max(x, axis=0)
+    # -inf lanes add nothing (an all -inf chunk has big = -inf, and -inf - -inf would be NaN).
+    total = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - big)), axis=0)
+    one = tl.arange(0, 1)
+    slot = row * split + part
+    tl.store(part_ptr + slot + one, big + tl.zeros([1], big.dtype))
+    tl.store(part_ptr + rows * split + slot + one, total + tl.zeros([1], total.dtype))
+    tl.debug_barrier()  # every thread's stores precede the release below
+    counter = sync_ptr + 1 + row
+    tl.atomic_add(counter, 1, sem="release")
+    arrived = tl.atomic_add(counter, 0, sem="acquire")
+    polls = tl.full([], 0, tl.int32)
+    while (arrived < split) & (polls < SPIN_LIMIT):
+        arrived = tl.atomic_add(counter, 0, sem="acquire")
+        polls += 1
+    if arrived >= split:
+        k = tl.arange(0, SPLIT_POW2)
+        used = k < split
+        pm = tl.load(part_ptr + row * split + k, mask=used, other=float("-inf"),
+                     cache_modifier=".cg")
+        ps = tl.load(part_ptr + rows * split + row * split + k, mask=used, other=0.0,
+                     cache_modifier=".cg")
+        row_max, row_sum = _merge(pm, ps, 0)
+    else:
+        # (a narrower block than the chunk: x stays live in registers meanwhile)
+        cols = tl.arange(0, FALLBACK_BLOCK)
+        m = _acc(tl.full([FALLBACK_BLOCK], float("-inf"), tl.float32), F64)
+        t = _acc(tl.zeros([FALLBACK_BLOCK], tl.float32), F64)
+        for start in range(0, N, FALLBACK_BLOCK):
+            o = start + cols
+            m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
+                                           F64))
+        row_max, row_sum = _merge(m, t, 0)
+    tl.store(y_row + offs, _finish(x, row_max, row_sum, LOG).to(y_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
@@ -389,11 +453,7 @@ def _split_bwd_sum_kernel(y_ptr, g_ptr, t_ptr, n_q, sg_q, chunk, split,
     """Few long rows, step 1: the partial sum (of dy, or dy * y) of one chunk of one row."""
     N = n_q * ALIGN
     pid = tl.program_id(0)
-    row = pid // split
-    part = pid % split
-    if I64:
-        row = row.to(tl.int64)
-        part = part.to(tl.int64)
+    row, part = _row_and_part(pid, split, I64)
     first = part * chunk
     cols = tl.arange(0, BLOCK_N)
     acc = _acc(tl.zeros([BLOCK_N], tl.float32), F64)
@@ -415,11 +475,7 @@ def _split_bwd_apply_kernel(y_ptr, g_ptr, dx_ptr, t_ptr, n_q, sg_q, chunk, split
     """Few long rows, step 2 (reverse order, for L2 hits): dx of one chunk."""
     N = n_q * ALIGN
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    row = pid // split
-    part = pid % split
-    if I64:
-        row = row.to(tl.int64)
-        part = part.to(tl.int64)
+    row, part = _row_and_part(pid, split, I64)
     k = tl.arange(0, SPLIT_POW2)
     t = tl.sum(tl.load(t_ptr + row * split + k, mask=k < split, other=0.0), axis=0, keep_dims=True)
     cols = tl.arange(0, BLOCK_N)
@@ -483,7 +539,7 @@ def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_
                      _grad(y, g, t, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-_HELPERS = (_acc, _online_step, _merge, _finish)
+_HELPERS = (_acc, _online_step, _merge, _finish, _row_and_part)
 _BWD_KERNELS = (_grad, _rows_bwd_kernel, _split_bwd_sum_kernel, _split_bwd_apply_kernel,
                 _strided_bwd_kernel)
 
@@ -672,6 +728,42 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch
         x, y, rows, n // a, sx // a, n // a, per, ALIGN=a, LOG=call.log, F64=call.f64,
         BLOCK_R=block_r, BLOCK_N=bn, EVEN_N=bn == n, NUM_STAGES=stages if per > 1 else 1,
         I64=needs_int64(call.numel + block_r * bn, rows * sx + n), num_warps=warps)
+    return y
+
+
+# A cooperative row has at most this many chunks (a program each, all running at once).
+COOP_MAX_SPLIT = 64
+COOP_SPIN_LIMIT = 1 << 20
+
+
+def coop_split(call: SoftmaxCall, chunk: int) -> int | None:
+    """Programs per row of the cooperative kernel with chunks of `chunk`, or None if the row
+    needs more than may be relied on to run at once (one per SM; the interpreter runs them one
+    by one whatever the count)."""
+    split = cdiv(call.n, chunk)
+    limit = COOP_MAX_SPLIT if call.info.interpreted else min(COOP_MAX_SPLIT, call.info.sm_count)
+    return split if 1 < split <= limit else None
+
+
+def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
+    x, sx, _ = _operand(call)
+    y = _empty_out(call)
+    n, rows = call.n, call.outer
+    split = coop_split(call, chunk)
+    if split is None:
+        # A cached config of this shape bucket, for a row this chunk size does not suit.
+        block = 2048 if call.f64 else 4096
+        return _online_fwd(call, block, 8, OnlineBackend.split_for(call, block, call.info.sm_count))
+    a = _align(n, sx)
+    acc = torch.float64 if call.f64 else torch.float32
+    partials = torch.empty(2 * rows * split, dtype=acc, device=x.device)  # maxima, then sums
+    sync = torch.zeros(1 + rows, dtype=torch.int32, device=x.device)  # ticket, arrivals per row
+    _coop_fwd_kernel[(rows * split,)](
+        x, y, partials, sync, n // a, sx // a, n // a, split, rows, ALIGN=a, LOG=call.log,
+        F64=call.f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
+        SPIN_LIMIT=1 if call.info.interpreted else COOP_SPIN_LIMIT,
+        FALLBACK_BLOCK=min(chunk, 64 * 32 * warps // 16),
+        I64=needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split), num_warps=warps)
     return y
 
 
@@ -961,8 +1053,8 @@ class MultirowBackend(Backend):
 
 class OnlineBackend(Backend):
     name = "online"
-    kernels = (_online_fwd_kernel, _split_stats_kernel, _split_norm_kernel, *_HELPERS,
-               *_BWD_KERNELS)
+    kernels = (_online_fwd_kernel, _split_stats_kernel, _split_norm_kernel, _coop_fwd_kernel,
+               *_HELPERS, *_BWD_KERNELS)
 
     def supports(self, call: SoftmaxCall) -> str | None:
         reason = _rows_reason(call)
@@ -978,11 +1070,20 @@ class OnlineBackend(Backend):
             return 1
         return max(1, min(cdiv(2 * sm_count, call.outer), cdiv(call.n, 4 * block)))
 
+    @staticmethod
+    def coop_configs(call: SoftmaxCall) -> list[dict]:
+        """Cooperative rows (one read): chunks of 32 or 16 values per thread of 16 warps."""
+        wide = 2 if call.f64 else 1
+        shapes = ((16384, 16), (8192, 8), (8192, 16), (4096, 4))  # (chunk, warps)
+        return [{"COOP_CHUNK": c // wide, "num_warps": w} for c, w in shapes
+                if coop_split(call, c // wide)]
+
     def configs(self, call: SoftmaxCall) -> list[dict]:
         block = 2048 if call.f64 else 4096
         split = self.split_for(call, block, call.info.sm_count)
-        cfgs = [{"BLOCK_N": block, "num_warps": 8, "SPLIT": split},
-                {"BLOCK_N": 2 * block, "num_warps": 16, "SPLIT": split}]
+        cfgs = self.coop_configs(call) + [
+            {"BLOCK_N": block, "num_warps": 8, "SPLIT": split},
+            {"BLOCK_N": 2 * block, "num_warps": 16, "SPLIT": split}]
         if split > 1:
             cfgs.append({"BLOCK_N": block, "num_warps": 8, "SPLIT": max(1, split // 2)})
             cfgs.append({"BLOCK_N": block, "num_warps": 8, "SPLIT": 2 * split})
@@ -991,10 +1092,16 @@ class OnlineBackend(Backend):
         return cfgs
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
+        if "COOP_CHUNK" in config:
+            return _run(call, lambda c: _coop_fwd(c, config["COOP_CHUNK"], config["num_warps"]))
         return _run(call, lambda c: _online_fwd(c, config["BLOCK_N"], config["num_warps"],
                                                 config["SPLIT"]))
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
+        coop = self.coop_configs(call)
+        if coop:
+            return cost.online(call, model, split=coop_split(call, coop[0]["COOP_CHUNK"]),
+                               cooperative=True)
         cfg = self.configs(call)[0]
         split = max(1, min(self.split_for(call, cfg["BLOCK_N"], model.sm_count),
                            cdiv(call.n, cfg["BLOCK_N"])))
