@@ -190,3 +190,42 @@ def test_hot_path_touches_no_disk(cpu_triton, monkeypatch):
         warnings.simplefilter("error")
         for _ in range(3):
             ops.isin(a, b)
+
+
+def test_measure_all_takes_turns_on_a_gpu(monkeypatch):
+    """On a GPU, candidates are timed in turns (a, b, a, b, ...), each run after an L2 flush and
+    between two events; one that fails is warned about once and ranked last. The CUDA parts are
+    faked: each fn 'takes' a fixed time, which its events report."""
+    order = []
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3  # ms
+
+    def make(name, seconds):
+        def fn():
+            order.append(name)
+            clock[0] += seconds
+        return fn
+
+    def broken():
+        raise RuntimeError("no kernel for you")
+
+    monkeypatch.setattr(tuning_mod.torch.cuda, "Event", Event)
+    monkeypatch.setattr(tuning_mod.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(tuning_mod, "_flush_buffer", lambda device: torch.empty(4))
+    items = [("op/a", make("a", 2e-3)), ("op/bad", broken), ("op/b", make("b", 1e-3))]
+    with pytest.warns(RuntimeWarning, match="measuring op/bad failed") as caught:
+        times = tuning_mod.measure_all(items, torch.device("cuda"), budget_ms=10)
+    assert len(caught) == 1
+    assert times[0] == pytest.approx(2e-3) and times[2] == pytest.approx(1e-3)
+    assert times[1] == float("inf")
+    assert order[:2] == ["a", "b"] and len(order) >= 12
+    assert all(x != y for x, y in zip(order, order[1:]))  # never the same one twice in a row

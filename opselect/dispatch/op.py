@@ -168,10 +168,9 @@ class Op:
         missing = [c for c in able if c.measured_s is None]
         tuned = False
         if tune and missing:
-            fresh = {}
+            fresh = self._measure([self._by_name[c.name] for c in missing], call)
             for c in missing:
-                c.measured_s, c.config = self._measure(self._by_name[c.name], call)
-                fresh[c.name] = (c.measured_s, c.config)
+                c.measured_s, c.config = fresh[c.name]
             cache.put_timings(self.name, call.info, call.key[1:],
                               {n: (t, cfg, self._by_name[n].source_hash) for n, (t, cfg) in fresh.items()})
             tuned = True
@@ -202,18 +201,25 @@ class Op:
         return Decision(self.name, call.describe(), call.key, candidates, best.name, dict(config),
                         source)
 
-    def _measure(self, backend: Backend, call: Call) -> tuple[float, dict[str, Any]]:
-        """Time every configuration of one backend on this call; return the best (time, config)."""
+    def _measure(self, backends: list[Backend], call: Call) -> dict[str, tuple[float, dict]]:
+        """Time every configuration of these backends on this call, all in turns (see
+        tuning_mode.measure_all); return each backend's best (seconds, config)."""
         device = _device_of(call)
-        best_t, best_cfg = math.inf, dict(backend.configs(call)[0])
-        for cfg in backend.configs(call):
-            fn = lambda cfg=cfg: backend.run(call, cfg)  # noqa: E731
-            if self.timed is not None:
-                fn = self.timed(call, fn)
-            t = _tuning.measure_safely(fn, device, f"{self.name}/{backend.name} {dict(cfg)}")
-            if t < best_t:
-                best_t, best_cfg = t, dict(cfg)
-        return best_t, best_cfg
+        runs = []
+        for backend in backends:
+            for cfg in backend.configs(call):
+                fn = lambda backend=backend, cfg=cfg: backend.run(call, cfg)  # noqa: E731
+                if self.timed is not None:
+                    fn = self.timed(call, fn)
+                runs.append((backend, dict(cfg), fn))
+        times = _tuning.measure_all(
+            [(f"{self.name}/{b.name} {cfg}", fn) for b, cfg, fn in runs], device)
+        best: dict[str, tuple[float, dict]] = {
+            b.name: (math.inf, dict(b.configs(call)[0])) for b in backends}
+        for (backend, cfg, _), t in zip(runs, times):
+            if t < best[backend.name][0]:
+                best[backend.name] = (t, cfg)
+        return best
 
     # -- explain --------------------------------------------------------------------------------
     def explain(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Decision:
