@@ -71,74 +71,18 @@ def measure_safely(fn: Callable[[], Any], device: torch.device, what: str, **kw:
         return math.inf
 
 
-#: Bytes written between two timed runs on a GPU, so that no run finds its inputs in L2 (more than
-#: any current GPU's L2, as triton's do_bench does).
-FLUSH_BYTES = 256 << 20
-
-
 def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device, *,
                 budget_ms: float = 40.0) -> list[float]:
-    """Median seconds of each (what, fn), with a failing fn reported once and ranked last.
+    """measure_safely() of each (what, fn), one after the other.
 
-    On a GPU the functions are timed in turns (a, b, c, a, b, c, ...) rather than one after the
-    other: the clocks and the neighbours' load drift over a tuning session, and taking turns
-    makes every candidate see the same drift, so that two close candidates are ranked by what
-    they do, not by when they ran. Each run is preceded by an L2 flush and timed by device
-    events. Elsewhere each is measured on its own (wall clock)."""
-    if device.type != "cuda" or len(items) < 2:
-        return [measure_safely(fn, device, what, budget_ms=budget_ms) for what, fn in items]
-    live: list[int] = []
-    for i, (what, fn) in enumerate(items):
-        try:
-            fn()  # compiles, allocates, and proves the candidate runs
-            live.append(i)
-        except Exception as exc:  # noqa: BLE001 - a failing candidate must not escape tuning
-            _failed(what, exc)
-    times = [math.inf] * len(items)
-    if not live:
-        return times
-    try:
-        flush = _flush_buffer(device)
-        # One timed run each gives the round's length, which sets the number of rounds.
-        first = _timed_round([items[i][1] for i in live], flush)
-        round_s = sum(first) + len(live) * FLUSH_BYTES / 2e12
-        rounds = int(min(200, max(5, budget_ms * len(live) / 1e3 / max(round_s, 1e-9))))
-        samples: list[list[float]] = [[] for _ in live]
-        for _ in range(rounds):
-            for k, t in enumerate(_timed_round([items[i][1] for i in live], flush, sync=False)):
-                samples[k].append(t)
-        torch.cuda.synchronize()
-        for k, i in enumerate(live):
-            times[i] = statistics.median(e.elapsed_time(f) / 1e3 for e, f in samples[k])
-    except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the flush buffer
-        warnings.warn(f"opselect: interleaved timing failed ({type(exc).__name__}: {exc}); "
-                      "timing candidates one by one", RuntimeWarning, stacklevel=2)
-        return [measure_safely(fn, device, what, budget_ms=budget_ms) for what, fn in items]
-    return times
-
-
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    return torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-
-
-def _timed_round(fns: list[Callable[[], Any]], flush: torch.Tensor, *, sync: bool = True):
-    """One run of each fn after a flush, between two events. With sync, the seconds of each;
-    without, the (start, end) event pairs (read after one synchronisation at the end)."""
-    pairs = []
-    for fn in fns:
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    if not sync:
-        return pairs
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) / 1e3 for s, e in pairs]
+    Each is timed as the benchmarks time it (do_bench: L2 flushed, device events, host time
+    hidden while the device is busier than the host), so tuning ranks candidates as the
+    benchmarks do. (Timing them in turns, a, b, a, b, ..., was tried on an H200: a candidate
+    heavy in host time drains the launch queue, and its neighbours' events then include host
+    time; see benchmarks/NOTES.md.)"""
+    return [measure_safely(fn, device, what, budget_ms=budget_ms) for what, fn in items]
 
 
 def _failed(what: str, exc: Exception) -> None:
     warnings.warn(f"opselect: measuring {what} failed ({type(exc).__name__}: {exc}); "
                   "it will not be chosen", RuntimeWarning, stacklevel=4)
-
