@@ -173,10 +173,9 @@ def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
 @pytest.mark.parametrize("chunk", [256, 128])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
-    """Programs sharing a row by tickets. The interpreter runs programs one by one, so the first
-    takes every chunk, holding two at a time: a chunk whose row's other chunks are all published
-    (the row's last two) merges their statistics; the others give up waiting at once and read
-    the whole row: both paths run."""
+    """Programs sharing a row by tickets. The interpreter runs programs one by one, so only the
+    last ticket of a row finds its siblings arrived (it merges their statistics); the others give
+    up waiting at once and read the whole row: both paths run."""
     grids = spy(monkeypatch, "_coop_fwd_kernel")
     torch.manual_seed(4)
     for dtype in (torch.float32, torch.float16, torch.float64):
@@ -185,8 +184,7 @@ def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
         x[2, :900] = float("-inf")  # whole chunks of -inf, before finite ones
         got = run_config(x, -1, log, "online", {"COOP_CHUNK": chunk, "num_warps": 4})
         assert_matches(got, x, -1, log, backend=f"online coop {chunk}")
-    # persistent programs (two on the interpreter) take the 3 * ceil(1100 / chunk) chunks
-    assert grids["_coop_fwd_kernel"] == [(2,)] * 3
+    assert grids["_coop_fwd_kernel"] == [(3 * -(-1100 // chunk),)] * 3
     # non-contiguous rows, a row of NaN and a row of +inf
     x = torch.randn(4, 2400)[:, ::2].clone()[:, :1100]
     x[1, 5] = float("nan")
@@ -197,7 +195,7 @@ def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
 
 
 def test_cooperative_split_limits(cpu_triton, monkeypatch):
-    """A row is shared by at most min(128, SMs) programs: more could not be relied on to run at
+    """A row is shared by at most min(64, SMs) programs: more could not be relied on to run at
     once (the wait would give up and reread rows)."""
     def gpu_call(n, sms):
         call = sm.prepare_softmax(torch.empty(2, n), -1)
@@ -205,9 +203,8 @@ def test_cooperative_split_limits(cpu_triton, monkeypatch):
         return call
 
     call = gpu_call(1 << 20, 132)
-    assert sm.coop_split(call, 16384) == 64 and sm.coop_split(call, 8192) == 128
-    assert sm.coop_split(call, 4096) is None
-    assert [c["COOP_CHUNK"] for c in sm.OnlineBackend.coop_configs(call)] == [8192, 16384]
+    assert sm.coop_split(call, 16384) == 64 and sm.coop_split(call, 8192) is None
+    assert [c["COOP_CHUNK"] for c in sm.OnlineBackend.coop_configs(call)] == [16384]
     call = gpu_call(1 << 20, 16)
     assert sm.OnlineBackend.coop_configs(call) == []
     assert "COOP_CHUNK" not in sm.OP.backend("online").configs(call)[0]

@@ -268,85 +268,64 @@ def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split
 
 
 @triton.jit
-def _coop_chunk(x_ptr, part_ptr, sync_ptr, total, n_q, sx_q, split, rows,
-                ALIGN: tl.constexpr, F64: tl.constexpr, CHUNK: tl.constexpr, I64: tl.constexpr):
-    """Take the next ticket (a chunk of a row), load the chunk and publish its (max, sum).
-    Returns the chunk in registers, its row and part, and whether the ticket was real."""
-    N = n_q * ALIGN
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    valid = ticket < total
-    row, part = _row_and_part(tl.minimum(ticket, total - 1), split, I64)
-    offs = part * CHUNK + tl.arange(0, CHUNK)
-    # (validity folded into the bounds: the interpreter rejects scalar masks on vectors)
-    x = _acc(tl.load(x_ptr + row * sx_q * ALIGN + offs, mask=offs < tl.where(valid, N, 0),
-                     other=float("-inf")), F64)
-    big = tl.max(x, axis=0)
-    # -inf lanes add nothing (an all -inf chunk has big = -inf, and -inf - -inf would be NaN).
-    total_exp = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - big)), axis=0)
-    one = tl.arange(0, 1)
-    slot = row * split + part
-    first = one < tl.where(valid, 1, 0)
-    tl.store(part_ptr + slot + one, big + tl.zeros([1], big.dtype), mask=first)
-    tl.store(part_ptr + rows * split + slot + one, total_exp + tl.zeros([1], total_exp.dtype),
-             mask=first)
-    tl.debug_barrier()  # every thread's stores precede the release below
-    tl.atomic_add(sync_ptr + 1 + row, 1, mask=valid, sem="release")
-    return x, row, part, valid
-
-
-@triton.jit
-def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, total, n_q, sx_q, sy_q, split, rows,
+def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, rows,
                      ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
                      CHUNK: tl.constexpr, SPLIT_POW2: tl.constexpr, SPIN_LIMIT: tl.constexpr,
                      FALLBACK_BLOCK: tl.constexpr, I64: tl.constexpr):
-    """online, cooperative: a row is cut into `split` chunks, each held in the registers of one
-    program, which publishes the chunk's (max, sum), waits for the row's other chunks, merges
-    and normalises its registers: one read and one write of the row.
+    """online, cooperative: `split` programs share a row, each holding one CHUNK of it in
+    registers. Each publishes its chunk's (max, sum), waits for the row's other chunks, merges
+    and normalises its registers: one read and one write of the row, in one launch.
 
-    The programs are persistent and take chunks by ticket (an atomic counter) until none are
-    left, loading and publishing the next chunk before waiting for the current one's row, so the
-    memory stays busy while rows complete. Deadlock-free: a program publishes every chunk it
-    holds before it waits, and tickets go out in order, so the programs waiting on the lowest
-    unfinished row hold fewer than `split` of its tickets; split <= SM count <= programs that
-    run at once, so some program is free to take the row's remaining tickets. If a wait still
-    outlasts SPIN_LIMIT polls (another kernel holding the SMs; the interpreter, which runs
-    programs one by one), the program reads its whole row for the statistics itself: slower,
-    never wrong and never hung."""
+    Chunks are handed out by ticket (an atomic counter), not by program id, so they go to
+    programs in the order the programs start: a program that waits holds the last ticket taken
+    so far of its row, and the row's remaining tickets go to programs that are running or start
+    next. At least `split` programs run at once (split <= SM count), so the wait ends. If it ever
+    does not (SPIN_LIMIT polls: another kernel holding the SMs, or the interpreter, which runs
+    programs one by one), the program reads its whole row to compute the statistics itself:
+    slower, never wrong and never hung."""
     N = n_q * ALIGN
-    x, row, part, valid = _coop_chunk(x_ptr, part_ptr, sync_ptr, total, n_q, sx_q, split, rows,
-                                      ALIGN, F64, CHUNK, I64)
-    while valid:
-        x_next, row_next, part_next, valid_next = _coop_chunk(
-            x_ptr, part_ptr, sync_ptr, total, n_q, sx_q, split, rows, ALIGN, F64, CHUNK, I64)
-        counter = sync_ptr + 1 + row
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    row, part = _row_and_part(ticket, split, I64)
+    x_row = x_ptr + row * sx_q * ALIGN
+    y_row = y_ptr + row * sy_q * ALIGN
+    offs = part * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < N
+    x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
+    big = tl.max(x, axis=0)
+    # -inf lanes add nothing (an all -inf chunk has big = -inf, and -inf - -inf would be NaN).
+    total = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - big)), axis=0)
+    one = tl.arange(0, 1)
+    slot = row * split + part
+    tl.store(part_ptr + slot + one, big + tl.zeros([1], big.dtype))
+    tl.store(part_ptr + rows * split + slot + one, total + tl.zeros([1], total.dtype))
+    tl.debug_barrier()  # every thread's stores precede the release below
+    counter = sync_ptr + 1 + row
+    tl.atomic_add(counter, 1, sem="release")
+    arrived = tl.atomic_add(counter, 0, sem="acquire")
+    polls = tl.full([], 0, tl.int32)
+    while (arrived < split) & (polls < SPIN_LIMIT):
         arrived = tl.atomic_add(counter, 0, sem="acquire")
-        polls = tl.full([], 0, tl.int32)
-        while (arrived < split) & (polls < SPIN_LIMIT):
-            arrived = tl.atomic_add(counter, 0, sem="acquire")
-            polls += 1
-        x_row = x_ptr + row * sx_q * ALIGN
-        if arrived >= split:
-            k = tl.arange(0, SPLIT_POW2)
-            used = k < split
-            pm = tl.load(part_ptr + row * split + k, mask=used, other=float("-inf"),
-                         cache_modifier=".cg")
-            ps = tl.load(part_ptr + rows * split + row * split + k, mask=used, other=0.0,
-                         cache_modifier=".cg")
-            row_max, row_sum = _merge(pm, ps, 0)
-        else:
-            # (a narrower block than the chunk: two chunks stay live in registers meanwhile)
-            cols = tl.arange(0, FALLBACK_BLOCK)
-            m = _acc(tl.full([FALLBACK_BLOCK], float("-inf"), tl.float32), F64)
-            t = _acc(tl.zeros([FALLBACK_BLOCK], tl.float32), F64)
-            for start in range(0, N, FALLBACK_BLOCK):
-                o = start + cols
-                m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N,
-                                                       other=float("-inf")), F64))
-            row_max, row_sum = _merge(m, t, 0)
-        offs = part * CHUNK + tl.arange(0, CHUNK)
-        tl.store(y_ptr + row * sy_q * ALIGN + offs,
-                 _finish(x, row_max, row_sum, LOG).to(y_ptr.dtype.element_ty), mask=offs < N)
-        x, row, part, valid = x_next, row_next, part_next, valid_next
+        polls += 1
+    if arrived >= split:
+        k = tl.arange(0, SPLIT_POW2)
+        used = k < split
+        pm = tl.load(part_ptr + row * split + k, mask=used, other=float("-inf"),
+                     cache_modifier=".cg")
+        ps = tl.load(part_ptr + rows * split + row * split + k, mask=used, other=0.0,
+                     cache_modifier=".cg")
+        row_max, row_sum = _merge(pm, ps, 0)
+    else:
+        # (a narrower block than the chunk: x stays live in registers meanwhile)
+        cols = tl.arange(0, FALLBACK_BLOCK)
+        m = _acc(tl.full([FALLBACK_BLOCK], float("-inf"), tl.float32), F64)
+        t = _acc(tl.zeros([FALLBACK_BLOCK], tl.float32), F64)
+        for start in range(0, N, FALLBACK_BLOCK):
+            o = start + cols
+            m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
+                                           F64))
+        row_max, row_sum = _merge(m, t, 0)
+    tl.store(y_row + offs, _finish(x, row_max, row_sum, LOG).to(y_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
@@ -752,8 +731,8 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch
     return y
 
 
-# A cooperative row has at most this many chunks (and at most one per SM: see _coop_fwd_kernel).
-COOP_MAX_SPLIT = 128
+# A cooperative row has at most this many chunks (a program each, all running at once).
+COOP_MAX_SPLIT = 64
 COOP_SPIN_LIMIT = 1 << 20
 
 
@@ -766,27 +745,25 @@ def coop_split(call: SoftmaxCall, chunk: int) -> int | None:
     return split if 1 < split <= limit else None
 
 
-def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int, per_sm: int) -> torch.Tensor:
+def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
     x, sx, _ = _operand(call)
+    y = _empty_out(call)
     n, rows = call.n, call.outer
     split = coop_split(call, chunk)
     if split is None:
         # A cached config of this shape bucket, for a row this chunk size does not suit.
         block = 2048 if call.f64 else 4096
         return _online_fwd(call, block, 8, OnlineBackend.split_for(call, block, call.info.sm_count))
-    y = _empty_out(call)
     a = _align(n, sx)
     acc = torch.float64 if call.f64 else torch.float32
     partials = torch.empty(2 * rows * split, dtype=acc, device=x.device)  # maxima, then sums
     sync = torch.zeros(1 + rows, dtype=torch.int32, device=x.device)  # ticket, arrivals per row
-    total = rows * split
-    programs = min(total, 2 if call.info.interpreted else per_sm * call.info.sm_count)
-    _coop_fwd_kernel[(programs,)](
-        x, y, partials, sync, total, n // a, sx // a, n // a, split, rows, ALIGN=a,
-        LOG=call.log, F64=call.f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
+    _coop_fwd_kernel[(rows * split,)](
+        x, y, partials, sync, n // a, sx // a, n // a, split, rows, ALIGN=a, LOG=call.log,
+        F64=call.f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
         SPIN_LIMIT=1 if call.info.interpreted else COOP_SPIN_LIMIT,
-        FALLBACK_BLOCK=min(chunk, 32 * 32 * warps // 16),
-        I64=needs_int64(call.numel + chunk, rows * sx + n, 2 * total), num_warps=warps)
+        FALLBACK_BLOCK=min(chunk, 64 * 32 * warps // 16),
+        I64=needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split), num_warps=warps)
     return y
 
 
@@ -1077,7 +1054,7 @@ class MultirowBackend(Backend):
 class OnlineBackend(Backend):
     name = "online"
     kernels = (_online_fwd_kernel, _split_stats_kernel, _split_norm_kernel, _coop_fwd_kernel,
-               _coop_chunk, *_HELPERS, *_BWD_KERNELS)
+               *_HELPERS, *_BWD_KERNELS)
 
     def supports(self, call: SoftmaxCall) -> str | None:
         reason = _rows_reason(call)
@@ -1095,11 +1072,10 @@ class OnlineBackend(Backend):
 
     @staticmethod
     def coop_configs(call: SoftmaxCall) -> list[dict]:
-        """Cooperative rows (one read): two chunks of 16-32 values per thread in registers (the
-        current and the next), with as many programs per SM as the registers allow."""
+        """Cooperative rows (one read): chunks of 32 or 16 values per thread of 16 warps."""
         wide = 2 if call.f64 else 1
-        shapes = ((8192, 8, 2), (4096, 4, 4), (16384, 16, 1))  # (chunk, warps, programs per SM)
-        return [{"COOP_CHUNK": c // wide, "num_warps": w, "PER_SM": p} for c, w, p in shapes
+        shapes = ((16384, 16), (8192, 8), (8192, 16), (4096, 4))  # (chunk, warps)
+        return [{"COOP_CHUNK": c // wide, "num_warps": w} for c, w in shapes
                 if coop_split(call, c // wide)]
 
     def configs(self, call: SoftmaxCall) -> list[dict]:
@@ -1117,8 +1093,7 @@ class OnlineBackend(Backend):
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
         if "COOP_CHUNK" in config:
-            return _run(call, lambda c: _coop_fwd(c, config["COOP_CHUNK"], config["num_warps"],
-                                                  config.get("PER_SM", 1)))
+            return _run(call, lambda c: _coop_fwd(c, config["COOP_CHUNK"], config["num_warps"]))
         return _run(call, lambda c: _online_fwd(c, config["BLOCK_N"], config["num_warps"],
                                                 config["SPLIT"]))
 
