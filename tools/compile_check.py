@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret (before triton is imported)
-os.environ["OPSELECT_FAST_LAUNCH"] = "0"  # every launch must go through the patched JIT below
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402

@@ -36,7 +36,6 @@ from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, UnsupportedDType
 from ..heuristics import isin as cost
 from ._common import FLOAT_DTYPES, cdiv, flat, needs_int64, next_pow2
-from ._launch import launch
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
 LOCAL_TABLE_BYTES = 32 * 1024
@@ -541,7 +540,7 @@ class CompareBackend(Backend):
         out = _output(call)
         block = config["BLOCK"]
         unroll = next_pow2(call.n) if call.n <= self.MAX_UNROLL else 0
-        launch(_compare_kernel, (cdiv(call.m, block),))(
+        _compare_kernel[(cdiv(call.m, block),)](
             x, t, out, call.m, call.n, INVERT=call.invert, BLOCK=block, TILE_N=config["TILE_N"],
             UNROLL=unroll, I64=needs_int64(call.m), num_warps=config["num_warps"])
         return _finish(call, out)
@@ -568,9 +567,9 @@ class SearchBackend(Backend):
         table = torch.sort(flat(call.test)).values  # NaN sorts last: below it nothing is skipped
         out = _output(call)
         block = config["BLOCK"]
-        launch(_search_kernel, (cdiv(call.m, block),))(
-            x, table, out, call.m, call.n, INVERT=call.invert, BLOCK=block,
-            I64=needs_int64(call.m, call.n), num_warps=config["num_warps"])
+        _search_kernel[(cdiv(call.m, block),)](
+            x, table, out, call.m, call.n, INVERT=call.invert, BLOCK=block, I64=needs_int64(call.m, call.n),
+            num_warps=config["num_warps"])
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
@@ -639,13 +638,13 @@ class HashBackend(Backend):
                            device=x.device)
         flag = table[1 << log_t:]
         build_block = 1024
-        launch(_hash_build_kernel, (cdiv(call.n, build_block),))(
+        _hash_build_kernel[(cdiv(call.n, build_block),)](
             t, table, flag, call.n, log_t, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
             BUCKET=1 if local_slots else WIDE_BUCKET.value, BLOCK=build_block, num_warps=4)
         out = _output(call)
         block = config["BLOCK"]
         per = _blocks_per_program(call.m, block, config["PER_PROGRAM"] if local_slots else 1)
-        launch(_hash_probe_kernel, (cdiv(call.m, block * per),))(
+        _hash_probe_kernel[(cdiv(call.m, block * per),)](
             x, table, flag, out, call.m, log_t, IS_FLOAT=x.dtype.is_floating_point,
             KEY_BITS=key_bits, LOCAL_SLOTS=local_slots, INVERT=call.invert, BLOCK=block,
             BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m), num_warps=config["num_warps"])
@@ -708,15 +707,15 @@ class BitmapBackend(Backend):
             per = max(1, cdiv(call.n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
             n_parts = cdiv(call.n, self.MINMAX_BLOCK * per)
             parts = torch.empty(2 * n_parts, dtype=torch.int64, device=dev)
-            launch(_minmax_partials_kernel, (n_parts,))(
-                t, parts, call.n, BLOCK=self.MINMAX_BLOCK, PER_PROGRAM=per, num_warps=4)
+            _minmax_partials_kernel[(n_parts,)](t, parts, call.n, BLOCK=self.MINMAX_BLOCK,
+                                               PER_PROGRAM=per, num_warps=4)
         setup_block = 1024
-        launch(_bitmap_setup_kernel, (cdiv(max(cap_bits // 32, table.numel()), setup_block),))(
+        _bitmap_setup_kernel[(cdiv(max(cap_bits // 32, table.numel()), setup_block),)](
             parts, n_parts, params, bits, table, cap_bits, 0 if full_range else table.numel(),
             FULL_RANGE_LO=torch.iinfo(x.dtype).min, FULL_RANGE=full_range, KEY_BITS=key_bits,
             P_BLOCK=next_pow2(max(n_parts, 2)), BLOCK=setup_block, num_warps=4)
         build_block = 1024
-        launch(_bitmap_build_kernel, (cdiv(call.n, build_block),))(
+        _bitmap_build_kernel[(cdiv(call.n, build_block),)](
             t, params, bits, table, flag, call.n, cap_bits, log_t, KEY_BITS=key_bits,
             BUCKET=1 if local_slots else WIDE_BUCKET.value, BLOCK=build_block, num_warps=4)
         out = _output(call)
@@ -724,7 +723,7 @@ class BitmapBackend(Backend):
         block = config["BLOCK"]
         per = _blocks_per_program(call.m, block,
                                   config["PER_PROGRAM"] if (local_words or local_slots) else 1)
-        launch(_bitmap_probe_kernel, (cdiv(call.m, block * per),))(
+        _bitmap_probe_kernel[(cdiv(call.m, block * per),)](
             x, params, bits, table, flag, out, call.m, cap_bits, log_t, KEY_BITS=key_bits,
             LOCAL_WORDS=local_words, LOCAL_SLOTS=local_slots, INVERT=call.invert, BLOCK=block,
             BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m), num_warps=config["num_warps"])

@@ -53,7 +53,6 @@ from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, OpselectError
 from ..heuristics import permute as cost
 from ._common import cdiv, needs_int64, next_pow2
-from ._launch import launch
 
 #: The kernels take at most this many dims after simplification (the torch backend takes any).
 MAX_DIMS = 8
@@ -766,7 +765,7 @@ class NaiveBackend(_TritonBackend):
         n = call.numel * call.input.element_size() // call.esize
         block = config["BLOCK"]
         args = _padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS)
-        launch(_naive_kernel, (cdiv(n, block),))(
+        _naive_kernel[(cdiv(n, block),)](
             src, dst, n, *args, ND=len(sizes), W=w, BLOCK=block,
             I64=needs_int64(n * w, call.span * w), num_warps=config["num_warps"])
         return _finish(call, out)
@@ -814,7 +813,7 @@ class VectorizedBackend(_TritonBackend):
         tpp = _tiles_per_program(config["TPP"], n_tiles)
         outer = list(zip(reversed(sizes[:-1]), (t * w for t in reversed(strides[:-1]))))
         args = _padded(outer, MAX_DIMS - 1)
-        launch(_runs_kernel, (n_tiles // tpp,))(
+        _runs_kernel[(n_tiles // tpp,)](
             src, dst, rows, lu, n_cb, *args, ND=len(outer), ROWS=block_r,
             BLOCK_L=block_l, TPP=tpp, EVEN_L=lu % block_l == 0, VEC=w,
             I64=needs_int64(rows * lu + tile, call.span * w + tile),
@@ -971,7 +970,7 @@ class TiledBackend(_TritonBackend):
         n_ta, n_tb = cdiv(plan.A, ba), cdiv(plan.B, bb)
         n_tiles = plan.n_batch * n_ta * n_tb
         tpp = _tiles_per_program(config["TPP"], n_tiles)
-        launch(_tiled_kernel, (n_tiles // tpp,))(
+        _tiled_kernel[(n_tiles // tpp,)](
             src, dst, plan.A, plan.B, n_ta, n_tb,
             *plan.group_args(plan.a_dims), *plan.group_args(plan.b_dims), *batch,
             NA=len(plan.a_dims), NB=len(plan.b_dims), NC=len(plan.batch), BA=ba, BB=bb, W=w,
@@ -995,7 +994,7 @@ class TiledBackend(_TritonBackend):
         n_tm = cdiv(m, bw)
         n_tiles = plan.n_batch * n_tm
         tpp = _tiles_per_program(config["TPP"], n_tiles)
-        launch(_narrow_kernel, (n_tiles // tpp,))(
+        _narrow_kernel[(n_tiles // tpp,)](
             src, dst, m, n_tm, *plan.group_args(group), *batch,
             N=n, NP=np_, NG=len(group), NC=len(plan.batch), BW=bw, TPP=tpp,
             IN_NARROW=narrow_in, I64=needs_int64(n_units + np_ * bw, call.span + np_ * bw),

@@ -56,7 +56,6 @@ from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, OpselectError, UnsupportedDType
 from ..heuristics import softmax as cost
 from ._common import FLOAT_DTYPES, cdiv, needs_int64, next_pow2
-from ._launch import launch
 
 # Longest row the fused backend holds in registers (16 warps x 32 threads x 64 values).
 FUSED_MAX = 32768
@@ -725,7 +724,7 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch
     resident = _resident(call.info.sm_count, warps, block_r * bn, call.f64)
     per = _tiles_per_program(tiles, resident)
     a = _align(n, sx)
-    launch(_rows_fwd_kernel, (cdiv(tiles, per),))(
+    _rows_fwd_kernel[(cdiv(tiles, per),)](
         x, y, rows, n // a, sx // a, n // a, per, ALIGN=a, LOG=call.log, F64=call.f64,
         BLOCK_R=block_r, BLOCK_N=bn, EVEN_N=bn == n, NUM_STAGES=stages if per > 1 else 1,
         I64=needs_int64(call.numel + block_r * bn, rows * sx + n), num_warps=warps)
@@ -759,7 +758,7 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
     acc = torch.float64 if call.f64 else torch.float32
     partials = torch.empty(2 * rows * split, dtype=acc, device=x.device)  # maxima, then sums
     sync = torch.zeros(1 + rows, dtype=torch.int32, device=x.device)  # ticket, arrivals per row
-    launch(_coop_fwd_kernel, (rows * split,))(
+    _coop_fwd_kernel[(rows * split,)](
         x, y, partials, sync, n // a, sx // a, n // a, split, rows, ALIGN=a, LOG=call.log,
         F64=call.f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
         SPIN_LIMIT=1 if call.info.interpreted else COOP_SPIN_LIMIT,
@@ -777,21 +776,19 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int) -> torch.
     a = _align(n, sx)
     i64 = needs_int64(call.numel + split * block, rows * sx + n)
     if split == 1:
-        launch(_online_fwd_kernel, (rows,))(
-            x, y, n // a, sx // a, n // a, ALIGN=a, LOG=call.log, F64=call.f64, BLOCK_N=block,
-            I64=i64, num_warps=warps)
+        _online_fwd_kernel[(rows,)](x, y, n // a, sx // a, n // a, ALIGN=a, LOG=call.log,
+                                    F64=call.f64, BLOCK_N=block, I64=i64, num_warps=warps)
         return y
     chunk = cdiv(cdiv(n, split), block) * block
     split = cdiv(n, chunk)
     acc = torch.float64 if call.f64 else torch.float32
     m = torch.empty(rows * split, dtype=acc, device=x.device)
     s = torch.empty(rows * split, dtype=acc, device=x.device)
-    launch(_split_stats_kernel, (rows * split,))(
-        x, m, s, n // a, sx // a, chunk, split, ALIGN=a, F64=call.f64, BLOCK_N=block, I64=i64,
-        num_warps=warps)
-    launch(_split_norm_kernel, (rows * split,))(
-        x, y, m, s, n // a, sx // a, n // a, chunk, split, ALIGN=a, LOG=call.log, F64=call.f64,
-        SPLIT_POW2=next_pow2(split), BLOCK_N=block, I64=i64, num_warps=warps)
+    _split_stats_kernel[(rows * split,)](x, m, s, n // a, sx // a, chunk, split, ALIGN=a,
+                                         F64=call.f64, BLOCK_N=block, I64=i64, num_warps=warps)
+    _split_norm_kernel[(rows * split,)](x, y, m, s, n // a, sx // a, n // a, chunk, split, ALIGN=a,
+                                        LOG=call.log, F64=call.f64, SPLIT_POW2=next_pow2(split),
+                                        BLOCK_N=block, I64=i64, num_warps=warps)
     return y
 
 
@@ -827,7 +824,7 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) ->
     warps = min(32, _warps(bi * bn) * warp_scale)
     n_ib = cdiv(inner, bi)
     a = _align(inner, so, sn)
-    launch(_strided_fwd_kernel, (outer * n_ib,))(
+    _strided_fwd_kernel[(outer * n_ib,)](
         x, y, n, inner // a, n_ib, so // a, sn // a, ALIGN=a, LOG=call.log, F64=call.f64,
         BLOCK_N=bn, BLOCK_I=bi, SINGLE=single,
         I64=needs_int64(call.numel + bn * bi, outer * so + n * sn + inner), num_warps=warps)
@@ -901,7 +898,7 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
                                        tile=TILE_MAX // 2)  # two tensors in registers
         n_ib = cdiv(inner, bi)
         a = _align(inner, sgo, sgn)
-        launch(_strided_bwd_kernel, (outer * n_ib,))(
+        _strided_bwd_kernel[(outer * n_ib,)](
             y, g, dx, n, inner // a, n_ib, sgo // a, sgn // a, ALIGN=a, LOG=log, F64=f64,
             BLOCK_N=bn, BLOCK_I=bi, SINGLE=single, I64=i64, num_warps=_warps(bn * bi))
         return dx
@@ -916,12 +913,13 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         split = cdiv(n, chunk)
         t = torch.empty(outer * split, dtype=torch.float64 if f64 else torch.float32,
                         device=y.device)
-        launch(_split_bwd_sum_kernel, (outer * split,))(
-            y, g, t, n // a, sgo // a, chunk, split, ALIGN=a, LOG=log, F64=f64, BLOCK_N=block,
-            I64=i64, num_warps=8)
-        launch(_split_bwd_apply_kernel, (outer * split,))(
-            y, g, dx, t, n // a, sgo // a, chunk, split, ALIGN=a, LOG=log, F64=f64,
-            SPLIT_POW2=next_pow2(split), BLOCK_N=block, I64=i64, num_warps=8)
+        _split_bwd_sum_kernel[(outer * split,)](y, g, t, n // a, sgo // a, chunk, split, ALIGN=a,
+                                                LOG=log, F64=f64, BLOCK_N=block, I64=i64,
+                                                num_warps=8)
+        _split_bwd_apply_kernel[(outer * split,)](y, g, dx, t, n // a, sgo // a, chunk, split,
+                                                  ALIGN=a, LOG=log, F64=f64,
+                                                  SPLIT_POW2=next_pow2(split), BLOCK_N=block,
+                                                  I64=i64, num_warps=8)
         return dx
     single = n <= single_max
     if single:
@@ -934,7 +932,7 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     tiles = cdiv(outer, block_r)
     warps = _warps(block_r * block_n)
     per = _tiles_per_program(tiles, _resident(sm_count, warps, 2 * block_r * block_n, f64))
-    launch(_rows_bwd_kernel, (cdiv(tiles, per),))(
+    _rows_bwd_kernel[(cdiv(tiles, per),)](
         y, g, dx, outer, n // a, sgo // a, per, ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r,
         BLOCK_N=block_n, EVEN_N=block_n == n, SINGLE=single,
         NUM_STAGES=2 if per > 1 and single and block_r * block_n <= 8192 else 1, I64=i64,

@@ -59,7 +59,6 @@ from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, OpselectError, UnsupportedDType
 from ..heuristics import topk as cost
 from ._common import cdiv, next_pow2
-from ._launch import launch
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                     torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -1030,12 +1029,11 @@ class RadixBackend(Backend):
                      KEY64=_key64(dtype), num_warps=p.warps)
         o = p.offsets
         if p.mode == "direct":
-            launch(_radix_direct_kernel, (R,))(
-                x, values, indices, N, row_stride, k, SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT,
-                **flags)
+            _radix_direct_kernel[(R,)](x, values, indices, N, row_stride, k,
+                                       SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags)
         elif p.mode == "fused":
             ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
-            launch(_radix_rows_kernel, (R,))(
+            _radix_rows_kernel[(R,)](
                 x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k, p.m, p.CAP,
                 p.EQ_CAP, SS=p.SS, TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel,
                 KP=p.KP, FT=p.FT, **flags)
@@ -1051,11 +1049,11 @@ class RadixBackend(Backend):
                     ws[:int(COUNTERS) * R].zero_()
             else:
                 ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
-                launch(_radix_sample_kernel, (R, p.SB))(
+                _radix_sample_kernel[(R, p.SB)](
                     x, ws, o["lists"], N, row_stride, p.SB, SS=p.SS, MS=p.MS,
                     IS_FLOAT=flags["IS_FLOAT"], flip=flags["flip"], KEY64=flags["KEY64"],
                     num_warps=4)
-            launch(_radix_filter_kernel, (R, p.B))(
+            _radix_filter_kernel[(R, p.B)](
                 x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N, row_stride, k,
                 p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, COOP=coop, SS=p.SS, MS=p.MS,
                 TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT,
@@ -1137,7 +1135,7 @@ class BitonicBackend(Backend):
         R, N, k = call.R, call.N, call.k
         values, indices = _outputs(call)
         rows = config["ROWS"]
-        launch(_bitonic_kernel, (cdiv(R, rows),))(
+        _bitonic_kernel[(cdiv(R, rows),)](
             x, values, indices, R, N, k, row_stride, col_stride, ROWS=rows,
             NP=max(1, next_pow2(N)), KP=next_pow2(k), IS_FLOAT=call.input.dtype.is_floating_point,
             flip=0 if call.largest else -1, num_warps=config["num_warps"])
