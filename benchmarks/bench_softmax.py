@@ -204,7 +204,7 @@ def run_backward(smoke: bool, argv: list[str]) -> dict:
 
     op = get_op("softmax")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    time_ms = harness.timer(device, args.rep_ms)
+    time_ms = harness.timer(device, args.rep_ms, args.repeat)
     bw = harness.copy_bandwidth(device, time_ms)
     only = {p for p in args.providers.split(",") if p}
     wanted = lambda p: not only or p in only  # noqa: E731
