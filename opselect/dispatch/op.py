@@ -202,8 +202,8 @@ class Op:
                         source)
 
     def _measure(self, backends: list[Backend], call: Call) -> dict[str, tuple[float, dict]]:
-        """Time every configuration of these backends on this call, all in turns (see
-        tuning_mode.measure_all); return each backend's best (seconds, config)."""
+        """Time every configuration of these backends on this call (tuning_mode.measure_all);
+        return each backend's best (seconds, config)."""
         device = _device_of(call)
         runs = []
         for backend in backends:
