@@ -81,18 +81,33 @@ def _to_key(v, IS_FLOAT: tl.constexpr, KEY_BITS: tl.constexpr):
 
 
 @triton.jit
-def _hash(key, log_t, KEY_BITS: tl.constexpr):
-    """A slot in [0, 2**log_t): Fibonacci hashing (the top bits of key * 2**32 / phi), after
-    folding the high half-word into the low one. Consecutive keys (ids, narrow ranges) land
-    exactly evenly spread; floats of small integers (whose low bits are all zero) are spread by
-    the fold."""
+def _mul32(h, c):
+    """h * c mod 2**32 for uint32 h (signed multiply: the same bits, no 64-bit widening)."""
+    return (h.to(tl.int32, bitcast=True) * c).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _hash(key, log_t, KEY_BITS: tl.constexpr, MIX: tl.constexpr):
+    """A slot in [0, 2**log_t), after folding a 64-bit key's high word into the low one.
+
+    Integers: Fibonacci hashing (the top bits of key * 2**32 / phi), which spreads consecutive
+    keys (ids, narrow ranges) exactly evenly. Floats (MIX): murmur3's finaliser. The bits of
+    floats of small integers differ only in a few high bits, and Fibonacci hashing clusters them
+    (mean linear-probing displacement 0.61 slots for 1e6 floats of integers below 2e6 at load
+    1/4, against 0.12 with the finaliser; measured on the CPU)."""
     if KEY_BITS == 64:
         h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -2048144789)  # fold in the high word
     else:
         h = key
     h = h.to(tl.uint32, bitcast=True)
     h = h ^ (h >> 16)
-    h = (h.to(tl.int32, bitcast=True) * -1640531535).to(tl.uint32, bitcast=True)  # 0x9E3779B1
+    if MIX:
+        h = _mul32(h, -2048144789)  # 0x85EBCA6B
+        h = h ^ (h >> 13)
+        h = _mul32(h, -1028477387)  # 0xC2B2AE35
+        h = h ^ (h >> 16)
+    else:
+        h = _mul32(h, -1640531535)  # 0x9E3779B1
     return (h >> (32 - log_t)).to(tl.int32)
 
 
@@ -180,7 +195,7 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexpr,
     tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & (v == v)  # NaN is never a member
-    slot = (_hash(key, log_t, KEY_BITS) // BUCKET) * BUCKET
+    slot = (_hash(key, log_t, KEY_BITS, IS_FLOAT) // BUCKET) * BUCKET
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
         # old == empty: placed. old == key: already there. old > key: that slot belongs to a
@@ -205,7 +220,7 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexp
     if LOCAL:
         # The first probe, which settles most lanes, is a gather from the on-chip copy (Triton
         # stages the table in shared memory for it).
-        slot = _hash(key, log_t, KEY_BITS)
+        slot = _hash(key, log_t, KEY_BITS, IS_FLOAT)
         seen = tl.gather(table, slot, 0)
         found = found | (todo & (seen == key))
         todo = todo & (seen != key) & (seen != empty)
@@ -213,7 +228,7 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, IS_FLOAT: tl.constexp
     else:
         # The key's whole bucket in one 16- or 32-byte load: at load factor <= 1/4 a bucket
         # almost always holds the key or an empty slot.
-        home = tl.multiple_of((_hash(key, log_t, KEY_BITS) // WIDE_BUCKET) * WIDE_BUCKET,
+        home = tl.multiple_of((_hash(key, log_t, KEY_BITS, IS_FLOAT) // WIDE_BUCKET) * WIDE_BUCKET,
                               WIDE_BUCKET)
         window = tl.load(table_ptr + home[:, None] + tl.arange(0, WIDE_BUCKET)[None, :],
                          mask=todo[:, None], other=empty)
@@ -607,7 +622,7 @@ def _blocks_per_program(m: int, block: int, per: int) -> int:
 class HashBackend(Backend):
     name = "hash"
     kernels = (_hash_build_kernel, _hash_probe_kernel, _hash_probe_blocks, _hash_insert,
-               _hash_lookup, _to_key, _widen_half, _hash)
+               _hash_lookup, _to_key, _widen_half, _hash, _mul32)
 
     def configs(self, call: IsinCall) -> list[dict]:
         if table_plan(call.n, _key_bits(call.elements.dtype), True)[1]:
@@ -669,7 +684,7 @@ class BitmapBackend(Backend):
     name = "bitmap"
     kernels = (_minmax_partials_kernel, _bitmap_setup_kernel, _bitmap_build_kernel,
                _bitmap_probe_kernel, _hash_probe_blocks, _hash_insert, _hash_lookup, _to_key,
-               _widen_half, _hash)
+               _widen_half, _hash, _mul32)
     MINMAX_BLOCK = 1024
     MAX_PARTIALS = 1024
 
