@@ -147,9 +147,11 @@ def test_every_config(cpu_triton, backend):
     both sides of compare's unrolled limit (64) and of a power of two."""
     b = isin_mod.OP.backend(backend)
     gen = torch.Generator().manual_seed(5)
-    for n in (1, 5, 16, 63, 64, 65, 300):
-        test = random_values(n, torch.int32, "cpu", lo=-40, hi=400, gen=gen)
-        elements = random_values(700, torch.int32, "cpu", lo=-40, hi=400, gen=gen)
+    dtypes = [torch.int32] if backend == "bitmap" else [torch.int32, torch.float32]
+    for dtype, n in [(d, n) for d in dtypes for n in (1, 5, 16, 63, 64, 65, 300)]:
+        # (floats: hashed by murmur's finaliser in tables read through L2, Fibonacci on chip)
+        test = random_values(n, dtype, "cpu", lo=-40, hi=400, gen=gen)
+        elements = random_values(700, dtype, "cpu", lo=-40, hi=400, gen=gen)
         for invert in (False, True):
             call = isin_mod.prepare(elements, test, invert=invert)
             expected = torch.isin(elements, test, invert=invert)
