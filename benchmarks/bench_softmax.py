@@ -249,17 +249,19 @@ def run_backward(smoke: bool, argv: list[str]) -> dict:
                 providers[peer] = (lambda f: lambda: f(x, dim))(f)
         auto = lambda: _fwd_bwd(lambda t, d: ops.softmax(t, d))(x, g, dim)  # noqa: E731
         for pname, f in providers.items():
-            row["ms"][pname] = _timed(pname, f, ref, row, time_ms)
+            row["ms"][pname] = harness.time_checked(pname, f, ref, None, check, time_ms, row)
         if wanted("auto-cold"):
             harness._fresh_cache("cold")
             row["auto_cold_choice"] = op.explain(x, dim).choice
-            row["ms"]["auto-cold"] = _timed("auto-cold", auto, ref, row, time_ms)
+            row["ms"]["auto-cold"] = harness.time_checked("auto-cold", auto, ref, None, check,
+                                                          time_ms, row)
         if wanted("auto-warm"):
             harness._fresh_cache("warm")
             warm_call("softmax", (x,), {"dim": dim})
             opselect.forget()
             row["auto_warm_choice"] = op.explain(x, dim).choice
-            row["ms"]["auto-warm"] = _timed("auto-warm", auto, ref, row, time_ms)
+            row["ms"]["auto-warm"] = harness.time_checked("auto-warm", auto, ref, None, check,
+                                                          time_ms, row)
         harness._derive(row, op, bw)
         rows.append(row)
         print(harness._line(row), flush=True)
@@ -288,21 +290,6 @@ def run_backward(smoke: bool, argv: list[str]) -> dict:
         Path(os.environ["OUT"], "softmax_backward.md").write_text(md)
     print(md)
     return result
-
-
-def _timed(name, fn, ref, row, time_ms):
-    try:
-        got = fn()
-        err = check(got, ref, None)
-        if err:
-            row["errors"][name] = err
-            print(f"  !! {row['case']}: {name} is WRONG: {err}", flush=True)
-            return None
-        return time_ms(fn)
-    except Exception as exc:  # noqa: BLE001 - a failing provider is reported, the rest goes on
-        row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"  !! {row['case']}: {name} failed: {row['errors'][name]}", flush=True)
-        return None
 
 
 if __name__ == "__main__":

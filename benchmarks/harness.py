@@ -168,12 +168,12 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
             if wanted(peer):
                 providers[peer] = (lambda f: lambda: f(*a, **kw))(fn)
         for name, fn in providers.items():
-            row["ms"][name] = _time_checked(name, fn, ref, inputs, suite, time_ms, row)
+            row["ms"][name] = time_checked(name, fn, ref, inputs, suite.check, time_ms, row)
         if wanted("auto-cold"):
             _fresh_cache("cold")
             row["auto_cold_choice"] = op.explain(*a, **kw).choice
-            row["ms"]["auto-cold"] = _time_checked("auto-cold", lambda: public(*a, **kw), ref,
-                                                   inputs, suite, time_ms, row)
+            row["ms"]["auto-cold"] = time_checked("auto-cold", lambda: public(*a, **kw), ref,
+                                                  inputs, suite.check, time_ms, row)
         if wanted("auto-warm"):
             _fresh_cache("warm")
             from opselect.warm import warm_call
@@ -181,8 +181,8 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
             warm_call(suite.op, a, kw)
             opselect.forget()
             row["auto_warm_choice"] = op.explain(*a, **kw).choice
-            row["ms"]["auto-warm"] = _time_checked("auto-warm", lambda: public(*a, **kw), ref,
-                                                   inputs, suite, time_ms, row)
+            row["ms"]["auto-warm"] = time_checked("auto-warm", lambda: public(*a, **kw), ref,
+                                                  inputs, suite.check, time_ms, row)
         _derive(row, op, bw)
         rows.append(row)
         print(_line(row), flush=True)
@@ -212,10 +212,13 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
     return result
 
 
-def _time_checked(name, fn, ref, inputs, suite: Suite, time_ms, row) -> float | None:
+def time_checked(name: str, fn: Callable[[], Any], ref: Any, inputs: Any,
+                 check: Callable[[Any, Any, Any], str | None], time_ms, row: dict) -> float | None:
+    """Run fn once and check it against ref; time it if right. A wrong or failing provider is
+    recorded in row["errors"] and printed, and gets no time (None)."""
     try:
         got = fn()
-        err = suite.check(got, ref, inputs)
+        err = check(got, ref, inputs)
         if err:
             row["errors"][name] = err
             print(f"  !! {row['case']}: {name} is WRONG: {err}", flush=True)
