@@ -23,8 +23,8 @@ from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
 from opselect.heuristics.device_model import defaults_for
 from opselect.kernels import topk as K
 
-BACKENDS = ("radix", "sort", "bitonic")
-TRITON_BACKENDS = ("radix", "bitonic")
+BACKENDS = ("radix", "tournament", "sort", "bitonic")
+TRITON_BACKENDS = ("radix", "tournament", "bitonic")
 DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64)
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -74,6 +74,11 @@ def check(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: 
     return got
 
 
+def refuses(backend: str, x: torch.Tensor, k: int, dim: int = -1) -> str | None:
+    """Why `backend` does not take topk(x, k, dim) (None when it does)."""
+    return K.OP.backend(backend).supports(K.prepare(x, k, dim)) if backend != "sort" else None
+
+
 def special_row(n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Ties, NaN, +-inf, -0.0 and +0.0 among ordinary values."""
     g = torch.Generator().manual_seed(seed)
@@ -101,8 +106,8 @@ def random_input(shape, dtype, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_dtype(cpu_triton, backend, dtype):
-    if backend == "bitonic" and dtype.itemsize == 8:
-        pytest.skip("bitonic takes keys of at most 32 bits")
+    if backend in ("bitonic", "tournament") and dtype.itemsize == 8:
+        pytest.skip(f"{backend} takes keys of at most 32 bits")
     x = random_input((3, 77), dtype, seed=dtype.itemsize)
     check(x, 9, backend=backend)
     check(x, 5, largest=False, sorted=False, backend=backend)
@@ -312,6 +317,81 @@ def test_radix_row_stride_in_place(cpu_triton):
     check(x, 10)
 
 
+# ---------------------------------------------------------------------------------------------
+# the tournament backend's paths (interpreter plans: tiles of 64, chunks of a few hundred)
+# ---------------------------------------------------------------------------------------------
+def run_tournament(x: torch.Tensor, k: int, config: dict, **flags):
+    call = K.prepare(x, k, -1, flags.get("largest", True), flags.get("sorted", True))
+    backend = K.OP.backend("tournament")
+    plan = backend.plan(call, config)
+    got = backend.run(call, config)
+    ref = torch.topk(x, k, -1, flags.get("largest", True), flags.get("sorted", True))
+    if flags.get("sorted", True):
+        assert same_values(got.values, ref.values)
+    else:
+        assert same_values(got.values.sort(-1).values, ref.values.sort(-1).values)
+    assert same_values(torch.gather(x, -1, got.indices), got.values)
+    rows = got.indices.reshape(-1, k)
+    assert bool((rows.sort(-1).values.diff(dim=-1) > 0).all()), "an index repeats"
+    return plan
+
+
+def tournament_configs(x: torch.Tensor, k: int) -> list[dict]:
+    return K.OP.backend("tournament").configs(K.prepare(x, k))
+
+
+def test_tournament_shared_and_single_rows(cpu_triton):
+    # Config 0 splits a row over programs (each keeps its chunk's winners, the last one merges
+    # them); config 1 gives each row one program. Both stream several tiles per program.
+    x = torch.randn(2, 3000)
+    shared, single = tournament_configs(x, 40)
+    plan = run_tournament(x, 40, shared)
+    assert plan.NB > 1 and plan.CPP > plan.TILE
+    plan = run_tournament(x, 40, single)
+    assert plan.NB == 1 and plan.CPP > plan.TILE
+    run_tournament(x, 40, shared, largest=False, sorted=False)
+    run_tournament(x, 1, single, largest=False)
+
+
+def test_tournament_tied_maxima_take_the_whole_chunk(cpu_triton):
+    # Three distinct values: every group's maximum is the top value, so every group is hot,
+    # more than the hot list holds, and each chunk is selected whole (indices moved by the
+    # chunk's start where a row is shared).
+    x = torch.randint(0, 3, (2, 3000)).float()
+    for config in tournament_configs(x, 8):
+        plan = run_tournament(x, 8, config)
+        assert -(-min(3000, plan.CPP) // plan.G) > plan.HOT
+        run_tournament(x, 8, config, largest=False)
+
+
+@settings(max_examples=8, **SETTINGS)
+@given(n=st.integers(1, 2500), data=st.data())
+def test_property_tournament(cpu_triton, n, data):
+    # Ragged last chunks (shorter than k), last groups and tiles, both configs.
+    k = data.draw(st.integers(1, min(n, 64)))
+    spread = data.draw(st.sampled_from((4, 1000, 10**6)))
+    x = torch.randint(-spread, spread, (data.draw(st.integers(1, 3)), n)).float()
+    configs = tournament_configs(x, k)
+    run_tournament(x, k, data.draw(st.sampled_from(configs)),
+                   largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()))
+
+
+def test_tournament_plans_stay_in_bounds():
+    for R, N, k in [(1, 16_000_000, 64), (1, 16_000_000, 1), (1, 130_000_000, 1),
+                    (64, 128000, 50), (4096, 32000, 50), (256, 50000, 1), (1024, 4096, 32),
+                    (1, (1 << 31) + 4097, 1), (16, 1 << 20, 256), (3, 100, 100)]:
+        for cfg in ({}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": 4}):
+            p = K.tournament_plan(R, N, k, 132, cfg)
+            if p.reason:
+                continue
+            assert (p.NB - 1) * p.CPP < N <= p.NB * p.CPP and p.CPP % p.TILE == 0
+            assert p.CPP // p.G <= p.MAXP <= 8192 and p.HOT >= 2 * k
+            assert p.HOT * p.G <= cfg.get("CANDIDATES", 2048) and p.TILE % p.G == 0
+            assert p.NB == 1 or p.NB * k <= p.FT <= K.TOURNAMENT_FINISH_MAX
+    assert K.tournament_plan(1, 16_000_000, 64, 132, {}).reason is None
+    assert K.tournament_plan(1, (1 << 31) + 4097, 1, 132, {}).reason is None
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_autograd(cpu_triton, backend):
     x = torch.randn(3, 40, requires_grad=True)
@@ -411,7 +491,7 @@ def test_auto_picks_a_backend_that_can(cpu_triton):
     x = torch.randn(2, 30, dtype=torch.float64)
     decision = K.OP.explain(x, 3)
     able = {c.name for c in decision.candidates if c.supported}
-    assert decision.choice in able and "bitonic" not in able
+    assert decision.choice in able and not able & {"bitonic", "tournament"}
     check(x, 3, backend="auto")
 
 
@@ -420,6 +500,8 @@ def test_forced_backend_that_cannot_take_the_call(cpu_triton):
         ops.topk(torch.randn(3, 10, dtype=torch.float64), 2, backend="bitonic")
     with pytest.raises(BackendError, match="at most 16384"):
         ops.topk(torch.randn(20000), 2, backend="bitonic")
+    with pytest.raises(BackendError, match="tournament.*k up to 256"):
+        ops.topk(torch.randn(2000), 300, backend="tournament")
     with pytest.raises(BackendError, match="unknown backend"):
         ops.topk(torch.randn(10), 2, backend="heap")
 
@@ -526,8 +608,9 @@ GPU_CASES = [((16_000_000,), 1024), ((16_000_000,), 1), ((4_000_000,), 16384),
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape,k", GPU_CASES)
 def test_gpu_backends(cuda, backend, shape, k):
-    if backend == "bitonic" and shape[-1] > K.BITONIC_MAX:
-        pytest.skip("rows longer than bitonic holds")
+    reason = refuses(backend, torch.empty(shape, device="meta"), k)
+    if reason:
+        pytest.skip(reason)
     x = torch.randn(shape, device=cuda)
     check(x, k, backend=backend)
     check(x, k, largest=False, sorted=False, backend=backend)
@@ -539,7 +622,7 @@ def test_gpu_every_dtype(cuda, dtype):
     for shape, k in (((2, 300_000), 64), ((1000, 3000), 10)):
         x = random_input(shape, dtype).to(cuda)
         for backend in BACKENDS:
-            if backend == "bitonic" and (dtype.itemsize == 8 or shape[-1] > K.BITONIC_MAX):
+            if refuses(backend, x, k):
                 continue
             check(x, k, backend=backend)
 
@@ -581,10 +664,12 @@ def test_gpu_dims_and_layouts(cuda):
 @settings(max_examples=30, **SETTINGS)
 @given(rows=st.integers(1, 300), n=st.integers(1, 300_000), data=st.data())
 def test_gpu_random(cuda, rows, n, data):
-    k = data.draw(st.integers(0, min(n, 5000)))
+    backend = data.draw(st.sampled_from(("radix", "tournament", "auto")))
+    top = K.TOURNAMENT_K_MAX if backend == "tournament" else 5000
+    k = data.draw(st.integers(0, min(n, top)))
     x = torch.randn(rows, n, device=cuda)
     check(x, k, largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()),
-          backend=data.draw(st.sampled_from(("radix", "auto"))))
+          backend=backend)
 
 
 @pytest.mark.gpu
@@ -599,3 +684,8 @@ def test_gpu_row_past_2_31_elements(cuda):
     values, indices = ops.topk(x, 5, backend="radix")
     assert values.tolist() == [250, 13, 11, 9, 7]
     assert indices.tolist() == [n - 1, 1 << 31, (1 << 31) - 1, 1 << 30, 5]
+    values, indices = ops.topk(x, 1, backend="tournament")
+    assert values.tolist() == [250] and indices.tolist() == [n - 1]
+    x[n - 1] = 0
+    values, indices = ops.topk(x, 1, backend="tournament")
+    assert values.tolist() == [13] and indices.tolist() == [1 << 31]

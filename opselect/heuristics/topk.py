@@ -156,6 +156,34 @@ def radix(call, model, plan):
     return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
 
 
+def tournament(call, model, plan):
+    done = _trivial(call, model, "tournament", True)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    sms = max(1, model.sm_count)
+    parts = _copy(call, model)
+    host = parts.pop("copy_host", 0.0) + model.launch + _alloc(3, model)
+    if plan.NB > 1:
+        host += 0.5 * model.torch_launch  # the zeroed tickets (a memset)
+    host += _reshape_host(call, model)
+    programs = R * plan.NB
+    waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.warps)))
+    # The input once, the group maxima written and read back (through L2, often not DRAM).
+    memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.MAXP * 4)
+    parts["memory"] = max(memory, waves * plan.CPP * s / PROGRAM_BANDWIDTH)
+    # Per program: the cut among the maxima, the hot groups re-read, their k largest.
+    steps = _search_steps(32, True)
+    lk = max(1, plan.KP.bit_length() - 1)
+    sort_k = lk * (lk + 1) / 2 * SORT_ROUND_LATENCY if call.sorted else 0.0
+    per_program = 2 * steps * STEP_LATENCY + TILE_LATENCY
+    parts["select"] = waves * (per_program + (sort_k if plan.NB == 1 else 0.0))
+    if plan.NB > 1:
+        # The last program of each row selects from the NB lists of winners.
+        parts["finish"] = steps * STEP_LATENCY + TILE_LATENCY + sort_k
+    return model.estimate(OP, "tournament", triton=True, launch=host, **parts)
+
+
 def _reshape_host(call, model) -> float:
     # Results for a dim other than the last are moved into torch's layout (two copies).
     return 0.0 if call.dim == max(call.nd, 1) - 1 else 2 * model.torch_launch

@@ -173,9 +173,10 @@ def _sample_keys(x_ptr, row_off, r, N, s, SS: tl.constexpr,
 
 @triton.jit
 def _mth_largest(keys, ok, m, KEY64: tl.constexpr):
-    """The m-th largest of the valid keys of a register tile (the sample's threshold): the same
-    4-ary search as the finisher's, so no sorting network is compiled for it. With fewer than m
-    valid keys it returns their minimum (a lower threshold is always safe)."""
+    """A threshold that at least m of the valid keys of a register tile reach (the m-th
+    largest, or a value exactly m reach: see _kth): the same 4-ary search as the finisher's, so
+    no sorting network is compiled for it. With fewer than m valid keys it returns their
+    minimum (a lower threshold is always safe)."""
     lowest, highest = _key_limits(KEY64)
     lo = tl.min(tl.where(ok, keys, highest), axis=0).to(tl.int64)
     hi = tl.max(tl.where(ok, keys, lowest), axis=0).to(tl.int64)
@@ -200,26 +201,47 @@ def _cavg(a, b):
 
 
 @triton.jit
-def _narrow(lo, hi, k, c1, c2, c3, m1, m2, m3):
-    """One 4-ary search step: counts c_i = #{key >= m_i}, lo < m1 <= m2 <= m3 <= hi. The answer
-    (the largest v with #{key >= v} >= k) stays in [lo, hi]."""
+def _narrow(lo, hi, c_lo, k, k_hi, c1, c2, c3, m1, m2, m3):
+    """One 4-ary search step: counts c_i = #{key >= m_i}, lo < m1 <= m2 <= m3 <= hi, c_lo =
+    #{key >= lo} (or any bound above it). The answer (the largest v with #{key >= v} >= k)
+    stays in [lo, hi].
+
+    The search ends early (hi = lo) once lo is reached by at most k_hi keys: any such cut
+    serves a caller that wants at least k keys and room for k_hi. With k_hi = k that is a
+    threshold reached by exactly k keys: the k keys >= it are the answer whether or not it is
+    itself a key, and the callers' tie logic (take keys > lo, then up to k - #{key > lo} keys
+    == lo) takes exactly them. On spread-out keys this stops once a threshold falls between
+    the k-th and (k+1)-th key, well before the range narrows to one value."""
     new_lo = tl.where(c3 >= k, m3, tl.where(c2 >= k, m2, tl.where(c1 >= k, m1, lo)))
+    new_c = tl.where(c3 >= k, c3, tl.where(c2 >= k, c2, tl.where(c1 >= k, c1, c_lo)))
     new_hi = tl.where(c1 < k, m1 - 1, tl.where(c2 < k, m2 - 1, tl.where(c3 < k, m3 - 1, hi)))
-    return new_lo, new_hi
+    new_hi = tl.where(new_c <= k_hi, new_lo, new_hi)
+    return new_lo, new_hi, new_c
 
 
 @triton.jit
-def _kth(key, ok, k, lo, hi):
-    """The k-th largest valid key of a register tile, given lo <= it <= hi (int64 scalars, lo
-    with at least k keys >= it): a 4-ary search on the key value, three counts a step in one
-    reduction, so log4(hi - lo) steps (16 at most for 32-bit keys)."""
+def _cut(key, ok, k, k_hi, lo, hi):
+    """A cut v of the valid keys of a 1-d register tile with k <= #{key >= v}, given lo <= the
+    k-th largest key <= hi (int64 scalars, lo with at least k keys >= it): the first one found
+    that at most k_hi keys reach, else the k-th largest key itself. A 4-ary search on the key
+    value, three counts a step in one reduction: at most log4(hi - lo) steps (16 for 32-bit
+    keys), usually fewer."""
+    c_lo = tl.full([], 1 << 40, tl.int64)  # unknown: more than any tile holds
     while lo < hi:
         m2 = _cavg(lo, hi)
         m1 = _cavg(lo, m2)
         m3 = _cavg(m2, hi)
         c1, c2, c3 = _count3(key, ok, m1, m2, m3)
-        lo, hi = _narrow(lo, hi, k, c1, c2, c3, m1, m2, m3)
+        lo, hi, c_lo = _narrow(lo, hi, c_lo, k, k_hi, c1, c2, c3, m1, m2, m3)
     return lo
+
+
+@triton.jit
+def _kth(key, ok, k, lo, hi):
+    """A cut for the k largest valid keys of a register tile (see _cut): the k-th largest key
+    itself, or a value that exactly k keys reach. Either way the k largest are the keys > cut
+    plus the first k - #{key > cut} keys == cut."""
+    return _cut(key, ok, k, k, lo, hi)
 
 
 @triton.jit
@@ -289,11 +311,19 @@ def _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
     lowest, highest = _key_limits(KEY64)
     key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, 0, C, from_input, FT, IS_FLOAT, flip,
                              KEY64)
-    hi = tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64)
     lo = tl.where(from_input, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64), lo)
-    kth = _kth(key, ok, k, lo, hi).to(key.dtype)
-    gt = ok & (key > kth)
-    eq = ok & (key == kth)
+    _take_k(key, idx, ok, k, lo, out_row, PACK, KEY64)
+
+
+@triton.jit
+def _take_k(key, idx, ok, k, lo, out_row, PACK: tl.constexpr, KEY64: tl.constexpr):
+    """Write the k largest valid keys of a 1-d register tile to out_row[0:k], unordered (lo: an
+    int64 key with at least k valid keys >= it): every key above the cut, then enough ties."""
+    lowest, highest = _key_limits(KEY64)
+    hi = tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64)
+    cut = _kth(key, ok, k, lo, hi).to(key.dtype)
+    gt = ok & (key > cut)
+    eq = ok & (key == cut)
     n_above = tl.sum(gt.to(tl.int32), axis=0)
     eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) - 1
     take = gt | (eq & (eq_rank < k - n_above))
@@ -314,6 +344,7 @@ def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
         hi = tl.maximum(hi, tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64))
         lo_in = tl.minimum(lo_in, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64))
     lo = tl.where(from_input, lo_in, lo)
+    c_lo = tl.full([], 1 << 40, tl.int64)
     while lo < hi:
         m2 = _cavg(lo, hi)
         m1 = _cavg(lo, m2)
@@ -328,7 +359,7 @@ def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
             c1 += t1
             c2 += t2
             c3 += t3
-        lo, hi = _narrow(lo, hi, k, c1, c2, c3, m1, m2, m3)
+        lo, hi, c_lo = _narrow(lo, hi, c_lo, k, k, c1, c2, c3, m1, m2, m3)
     n_above = tl.full([], 0, tl.int64)
     for start in range(0, C, FT):
         key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
@@ -661,6 +692,124 @@ def _radix_rows_kernel(x_ptr, ws_ptr, off_sbuf, off_sidx, val_ptr, idx_ptr,
 
 
 # ---------------------------------------------------------------------------------------------
+# Kernels: tournament
+# ---------------------------------------------------------------------------------------------
+# N, row_stride and CPP stay specialised: their divisibility by 16 gives the tiles 16-byte loads.
+@triton.jit(do_not_specialize=["k", "NB", "flip", "off_max", "off_hot", "off_cand"])
+def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_ptr,
+                       N, row_stride, k, CPP, NB,
+                       SHARED: tl.constexpr, G: tl.constexpr, TILE: tl.constexpr,
+                       MAXP: tl.constexpr, HOT: tl.constexpr, FT: tl.constexpr,
+                       SORT: tl.constexpr, KP: tl.constexpr, IS_FLOAT: tl.constexpr, flip):
+    """Program p of row r takes the chunk [p * CPP, (p + 1) * CPP) of the row and its share kc
+    = min(k, chunk length) of k:
+
+      1. stream the chunk once, keeping only the maximum key of each group of G elements;
+      2. T = the kc-th largest group maximum. Then at least kc elements reach T (one per group),
+         so the chunk's kc largest all reach T and lie in the kc groups whose maximum does
+         ("hot" groups; more only where maxima tie at T);
+      3. gather the hot groups (HOT * G elements, from L2) and select their kc largest.
+
+    No sample, no margin, no wait: the cut is exact by construction. With several programs per
+    row (SHARED) each writes its winners (key << 32 | index) to the row's candidate list and
+    the last to finish (a ticket) selects the row's k from those NB * k. Too many hot groups
+    (many maxima equal to T) send the chunk to the whole-chunk selection: slow, always exact.
+    Keys of at most 32 bits, k <= HOT / 2."""
+    r = tl.program_id(0)
+    p = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    row_off = r64 * row_stride
+    start = p.to(tl.int64) * CPP
+    n_here = tl.minimum(N - start, CPP).to(tl.int32)
+    prog = r64 * NB + p
+    lowest, highest = _key_limits(False)
+    chunk_ptr = x_ptr + row_off + start
+    # 1. group maxima, tile by tile (the next tile's load in flight), to the workspace.
+    GT: tl.constexpr = TILE // G
+    group = tl.arange(0, GT)
+    cols = tl.arange(0, G)
+    lane = group[:, None] * G + cols[None, :]
+    maxima = (ws_ptr + off_max).to(tl.pointer_type(tl.int32)) + prog * MAXP
+    ntiles = tl.cdiv(n_here, TILE)
+    x = tl.load(chunk_ptr + lane, mask=lane < n_here, other=0)
+    for t in range(ntiles):
+        base = t * TILE
+        ahead = tl.where(t + 1 < ntiles, n_here - base - TILE, 0)
+        x_next = tl.load(chunk_ptr + base + TILE + lane, mask=lane < ahead, other=0)
+        key = tl.where(lane < n_here - base, _order_key(x, IS_FLOAT, flip, False), lowest)
+        tl.store(maxima + t * GT + group, tl.max(key, axis=1))
+        x = x_next
+    tl.debug_barrier()  # every thread's maxima are stored before any thread reads them
+    # 2. the cut among the group maxima (all groups are hot when there are few).
+    ngroups = tl.cdiv(n_here, G)
+    kc = tl.minimum(k, n_here)
+    j = tl.arange(0, MAXP)
+    okm = j < ngroups
+    mx = tl.load(maxima + j, mask=okm, other=lowest)
+    T = tl.full([], lowest, tl.int32)
+    if ngroups > HOT:
+        lo = tl.min(tl.where(okm, mx, highest), axis=0).to(tl.int64)
+        hi = tl.max(tl.where(okm, mx, lowest), axis=0).to(tl.int64)
+        # Any cut that kc to HOT maxima reach will do: the search stops at the first.
+        T = _cut(mx, okm, kc, HOT, lo, hi).to(tl.int32)
+    hot = okm & (mx >= T)
+    n_hot = tl.sum(hot.to(tl.int32), axis=0)
+    if SHARED:
+        dest = ws_ptr + off_cand + prog * k
+    else:
+        dest = idx_ptr + r64 * k
+    C: tl.constexpr = HOT * G
+    if n_hot <= HOT:
+        # 3. the hot groups' elements (read again, from L2), and their kc largest.
+        hots = (ws_ptr + off_hot).to(tl.pointer_type(tl.int32)) + prog * HOT
+        tl.store(hots + tl.cumsum(hot.to(tl.int32), axis=0) - 1, j, mask=hot)
+        tl.debug_barrier()
+        h = tl.arange(0, HOT)
+        gid = tl.load(hots + h, mask=h < n_hot, other=0)
+        pos = gid[:, None] * G + cols[None, :]
+        okc = (h < n_hot)[:, None] & (pos < n_here)
+        key = _order_key(tl.load(chunk_ptr + pos, mask=okc, other=0), IS_FLOAT, flip, False)
+        key = tl.reshape(key, [C])
+        okc = tl.reshape(okc, [C])
+        idx = tl.reshape(pos, [C]) + start.to(tl.int32)  # low 32 bits of the row index
+        if SHARED:
+            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, True, False)
+        else:
+            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, SORT, False)
+    else:
+        if SHARED:
+            _select(chunk_ptr, 0, ws_ptr, ws_ptr, n_here, kc, tl.full([], 0, tl.int64), True,
+                    dest, True, C, IS_FLOAT, flip, False)
+            # The whole-chunk selection numbers elements from the chunk's start.
+            tl.debug_barrier()
+            for s0 in range(0, kc, C):
+                e = s0 + tl.arange(0, C)
+                v = tl.load(dest + e, mask=e < kc)
+                tl.store(dest + e, v + start, mask=e < kc)
+        else:
+            _select(chunk_ptr, 0, ws_ptr, ws_ptr, n_here, kc, tl.full([], 0, tl.int64), True,
+                    dest, SORT, C, IS_FLOAT, flip, False)
+    tl.debug_barrier()  # the winners written by all threads are visible to all threads
+    if SHARED:
+        ticket = tl.atomic_add(ws_ptr.to(tl.pointer_type(tl.int32)) + r64, 1, sem="acq_rel")
+        if ticket == NB - 1:
+            # The row's last program: the k largest of the NB lists (list q holds
+            # min(k, length of chunk q) winners).
+            c = tl.arange(0, FT)
+            owner = c // k
+            ok = (owner < NB) & (c - owner * k < tl.minimum(k, N - owner.to(tl.int64) * CPP))
+            v = tl.load(ws_ptr + off_cand + r64 * NB * k + c, mask=ok, other=0,
+                        cache_modifier=".cg")
+            key = (v >> 32).to(tl.int32)
+            lo = tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64)
+            _take_k(key, v.to(tl.int32), ok, k, lo, idx_ptr + r64 * k, SORT, False)
+            tl.debug_barrier()
+            _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, SORT, KP, FT)
+    else:
+        _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, SORT, KP, KP)
+
+
+# ---------------------------------------------------------------------------------------------
 # Kernels: bitonic
 # ---------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["R", "k", "flip"])
@@ -983,8 +1132,8 @@ def _cached_plan(call: TopkCall, config: dict) -> RadixPlan:
 
 class RadixBackend(Backend):
     name = "radix"
-    kernels = (_order_key, _sample_keys, _mth_largest, _count3, _kth, _src_tile, _select,
-               _select_tile, _select_tiles, _take_threshold, _write_out, _row_buffers,
+    kernels = (_order_key, _sample_keys, _mth_largest, _count3, _narrow, _cut, _kth, _src_tile,
+               _select, _select_tile, _select_tiles, _take_threshold, _write_out, _row_buffers,
                _finish_row, _filter_tile, _filter_chunk, _sample_top, _radix_sample_kernel,
                _radix_filter_kernel, _radix_direct_kernel, _radix_rows_kernel)
 
@@ -1068,6 +1217,157 @@ class RadixBackend(Backend):
         plan = radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted,
                           max(1, model.sm_count), dict(self.configs(call)[0]))
         return cost.radix(call, model, plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# tournament
+# ---------------------------------------------------------------------------------------------
+# k up to this: the hot groups (2k of them, each G elements) and the NB * k candidates of a
+# shared row are register tiles.
+TOURNAMENT_K_MAX = 256
+# The last program of a shared row selects from at most this many candidates (one tile).
+TOURNAMENT_FINISH_MAX = 8192
+
+
+class TournamentPlan:
+    """Launch parameters of the tournament backend: NB programs per row, each taking a chunk
+    of CPP elements (whole TILEs) whose group maxima (groups of G) fit MAXP slots; HOT hot
+    groups at most; the last program of a shared row selects from FT candidates."""
+
+    __slots__ = ("NB", "CPP", "G", "TILE", "MAXP", "HOT", "FT", "KP", "warps", "offsets",
+                 "ws_elems", "reason")
+
+    def __repr__(self) -> str:
+        return ("TournamentPlan(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__)
+                + ")")
+
+
+def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> TournamentPlan:
+    p = TournamentPlan()
+    p.reason = None
+    R, N = max(R, 1), max(N, 1)  # empty calls never launch; their plan only has to exist
+    tile_max = config.get("TILE", 8192)
+    groups_max = config.get("MAXP", 4096)
+    finish_max = config.get("FINISH", TOURNAMENT_FINISH_MAX)
+    kk = max(k, 1)
+    # Room for twice k hot groups (maxima may tie at the cut); candidates HOT * G <= CANDIDATES.
+    p.HOT = max(16, next_pow2(2 * kk))
+    p.G = max(2, min(64, config.get("CANDIDATES", 2048) // p.HOT))
+    # Programs per row: several per SM in all (nothing waits, so nothing must be resident),
+    # chunks of at least CHUNK_MIN elements, and each chunk's group maxima within one tile.
+    if R >= 2 * sms:
+        nb = 1
+    else:
+        nb = max(1, min(cdiv(sms * config.get("PPS", 4), R), cdiv(N, config.get("CHUNK_MIN", 16384))))
+    nb = min(nb, max(1, finish_max // kk))
+    # Long rows need more programs for their maxima to fit; twice the maxima per program
+    # (a longer search) before more programs than the finishing tile can take.
+    need = cdiv(N, groups_max * p.G)
+    if nb < need and need * kk > finish_max:
+        groups_max *= 2
+        need = cdiv(N, groups_max * p.G)
+    nb = max(nb, need)
+    chunk = cdiv(N, nb)
+    # Short chunks: smaller groups, so that the cut leaves few hot groups among many (with
+    # HOT groups or fewer in all, every element is a candidate).
+    while p.G > 2 and chunk < 4 * kk * p.G:
+        p.G //= 2
+    p.TILE = max(p.G, min(tile_max, next_pow2(chunk)))
+    p.CPP = cdiv(chunk, p.TILE) * p.TILE
+    p.NB = cdiv(N, p.CPP) if N else 1
+    p.MAXP = max(16, next_pow2(cdiv(p.CPP, p.G)))
+    p.KP = max(16, next_pow2(kk))
+    p.FT = max(p.KP, next_pow2(p.NB * kk)) if p.NB > 1 else p.KP
+    if p.NB > 1 and p.NB * kk > finish_max:
+        p.reason = (f"a row of {N} needs {p.NB} programs, whose {p.NB * kk} candidates exceed "
+                    f"the finishing tile ({finish_max})")
+    # Measured on an H100: 4 warps where programs are many (several share an SM, one's
+    # searches overlap another's loads), 8 where about one program runs per SM.
+    p.warps = config.get("num_warps", 4 if R * p.NB >= 2 * sms else 8)
+    # The workspace, int64 elements: per-row tickets (int32), group maxima (int32), hot group
+    # ids (int32), candidate lists (int64, shared rows only).
+    progs = R * p.NB
+    off_max = cdiv(R, 2)
+    off_hot = off_max + cdiv(progs * p.MAXP, 2)
+    off_cand = off_hot + cdiv(progs * p.HOT, 2)
+    p.offsets = (off_max, off_hot, off_cand)
+    p.ws_elems = off_cand + (progs * kk if p.NB > 1 else 0)
+    return p
+
+
+_TPLANS: dict[tuple, TournamentPlan] = {}
+
+
+class TournamentBackend(Backend):
+    """Group maxima cut each chunk to its 2k hot groups (see _tournament_kernel): one read of
+    the data, no sampling; small k (sampling from vocabularies, argmax-like selections)."""
+
+    name = "tournament"
+    kernels = (_order_key, _count3, _narrow, _cut, _kth, _src_tile, _store_winners, _select,
+               _select_tile, _select_tiles, _take_k, _write_out, _tournament_kernel)
+
+    def supports(self, call: TopkCall) -> str | None:
+        if call.input.dtype.itemsize > 4:
+            return ("tournament packs a 32-bit key with the index in one int64; "
+                    f"{str(call.input.dtype)[6:]} keys are 64 bits (radix and sort take them)")
+        if call.k > TOURNAMENT_K_MAX:
+            return f"k={call.k}; tournament keeps 2k groups per chunk (k up to {TOURNAMENT_K_MAX})"
+        if call.N > MAX_ROW:
+            return f"rows of {call.N} elements; indices are packed in 32 bits (rows up to {MAX_ROW})"
+        return self._plan(call, self.configs(call)[0]).reason
+
+    def configs(self, call: TopkCall) -> list[dict]:
+        if call.info.interpreted:
+            # Small tiles, groups and chunks: CPU tests take every path on rows of a few
+            # hundred elements.
+            out = [{"TILE": 64, "CANDIDATES": 512, "CHUNK_MIN": 128, "MAXP": 128, "PPS": 2,
+                    "FINISH": 1024},
+                   {"TILE": 32, "CANDIDATES": 64, "CHUNK_MIN": 1 << 30, "MAXP": 1 << 20}]
+        else:
+            # Measured on an H100: tiles of 8192 and 2048 candidates were faster on most shapes
+            # than 4096 and 4096.
+            other = 12 - self._plan(call, {}).warps  # the warp count the default does not pick
+            out = [{}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": other}]
+        # The first is the default (supports() asks it); others only where their plan holds.
+        return out[:1] + [c for c in out[1:] if self._plan(call, c).reason is None]
+
+    def _plan(self, call: TopkCall, config) -> TournamentPlan:
+        key = (call.R, call.N, call.k, call.info.sm_count, tuple(sorted(config.items())))
+        plan = _TPLANS.get(key)
+        if plan is None:
+            if len(_TPLANS) > 4096:
+                _TPLANS.clear()
+            plan = _TPLANS[key] = tournament_plan(call.R, call.N, call.k, call.info.sm_count,
+                                                  dict(config))
+        return plan
+
+    def plan(self, call: TopkCall, config: dict | None = None) -> TournamentPlan:
+        return self._plan(call, dict(config or self.configs(call)[0]))
+
+    def run(self, call: TopkCall, config):
+        done = _trivial(call)
+        if done is not None:
+            return done
+        p = self._plan(call, config)
+        if p.reason:
+            raise OpselectError(f"topk tournament: {p.reason}")
+        x, row_stride, _ = _rows(call, unit_col=True)
+        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        values, indices = _outputs(call)
+        ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
+        if p.NB > 1:
+            ws[:p.offsets[0]].zero_()  # the per-row tickets
+        _tournament_kernel[(R, p.NB)](
+            x, ws, *p.offsets, values, indices, N, row_stride, k, p.CPP, p.NB,
+            SHARED=p.NB > 1, G=p.G, TILE=p.TILE, MAXP=p.MAXP, HOT=p.HOT, FT=p.FT,
+            SORT=call.sorted, KP=p.KP, IS_FLOAT=dtype.is_floating_point,
+            flip=0 if call.largest else -1, num_warps=p.warps)
+        return _shape_out(call, values, indices)
+
+    def cost(self, call: TopkCall, model) -> Estimate:
+        plan = tournament_plan(call.R, call.N, call.k, max(1, model.sm_count),
+                               dict(self.configs(call)[0]))
+        return cost.tournament(call, model, plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1184,6 +1484,7 @@ def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
 OP = register(Op("topk", prepare, [
     TorchBackend(_torch_topk, cost.torch_),
     RadixBackend(),
+    TournamentBackend(),
     SortBackend(),
     BitonicBackend(),
 ], sample=sample, calibration=[
