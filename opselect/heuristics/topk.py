@@ -110,9 +110,14 @@ def _finisher(plan, key_bits: int, survivors: float) -> float:
     else:
         t = (steps + 3) * math.ceil(survivors / plan.FT) * TILE_LATENCY
     if plan.sort_in_kernel:
-        lk = max(1, plan.KP.bit_length() - 1)
-        t += lk * (lk + 1) / 2 * SORT_ROUND_LATENCY * max(1.0, plan.KP / 1024)
+        t += _sort_latency(plan.KP)
     return t
+
+
+def _sort_latency(kp: int) -> float:
+    """One program's in-register bitonic sort of kp (a power of two) winners."""
+    lk = max(1, kp.bit_length() - 1)
+    return lk * (lk + 1) / 2 * SORT_ROUND_LATENCY * max(1.0, kp / 1024)
 
 
 def radix(call, model, plan):
@@ -174,8 +179,7 @@ def tournament(call, model, plan):
     parts["memory"] = max(memory, waves * plan.CPP * s / PROGRAM_BANDWIDTH)
     # Per program: the cut among the maxima, the hot groups re-read, their k largest.
     steps = _search_steps(32, True)
-    lk = max(1, plan.KP.bit_length() - 1)
-    sort_k = lk * (lk + 1) / 2 * SORT_ROUND_LATENCY if call.sorted else 0.0
+    sort_k = _sort_latency(plan.KP) if call.sorted else 0.0
     per_program = 2 * steps * STEP_LATENCY + TILE_LATENCY
     parts["select"] = waves * (per_program + (sort_k if plan.NB == 1 else 0.0))
     if plan.NB > 1:

@@ -988,7 +988,8 @@ class RadixPlan:
                  "warps", "expected_survivors", "sample")
 
     def __repr__(self) -> str:
-        return "RadixPlan(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__) + ")"
+        return (f"{type(self).__name__}("
+                + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__) + ")")
 
 
 def _margin(mu: float) -> int:
@@ -1237,9 +1238,7 @@ class TournamentPlan:
     __slots__ = ("NB", "CPP", "G", "TILE", "MAXP", "HOT", "FT", "KP", "warps", "offsets",
                  "ws_elems", "reason")
 
-    def __repr__(self) -> str:
-        return ("TournamentPlan(" + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__)
-                + ")")
+    __repr__ = RadixPlan.__repr__
 
 
 def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> TournamentPlan:
