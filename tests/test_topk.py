@@ -23,8 +23,8 @@ from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
 from opselect.heuristics.device_model import defaults_for
 from opselect.kernels import topk as K
 
-BACKENDS = ("radix", "tournament", "sort", "bitonic")
-TRITON_BACKENDS = ("radix", "tournament", "bitonic")
+BACKENDS = ("radix", "tournament", "maxima", "sort", "bitonic")
+TRITON_BACKENDS = ("radix", "tournament", "maxima", "bitonic")
 DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64)
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -43,6 +43,11 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True,
           backend: str = "radix"):
+    if backend == "maxima" and refuses("maxima", x, k, dim):
+        # k close to the row's length: maxima refuses, and says why.
+        with pytest.raises(BackendError, match="maxima.*too large a part of a row"):
+            ops.topk(x, k, dim, largest, sorted, backend=backend)
+        return None
     got = ops.topk(x, k, dim, largest, sorted, backend=backend)
     ref = torch.topk(x, k, dim, largest, sorted)
     assert isinstance(got, torch.return_types.topk)
@@ -111,6 +116,11 @@ def test_every_dtype(cpu_triton, backend, dtype):
     x = random_input((3, 77), dtype, seed=dtype.itemsize)
     check(x, 9, backend=backend)
     check(x, 5, largest=False, sorted=False, backend=backend)
+
+
+def maxima_can(x: torch.Tensor, k: int, dim: int = -1) -> bool:
+    """maxima needs 1.25 k supergroups in a row: it refuses k close to the row's length."""
+    return refuses("maxima", x, k, dim) is None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -392,6 +402,139 @@ def test_tournament_plans_stay_in_bounds():
     assert K.tournament_plan(1, (1 << 31) + 4097, 1, 132, {}).reason is None
 
 
+# ---------------------------------------------------------------------------------------------
+# the maxima backend's paths (interpreter plans: tiles of 32-64, groups of 4-8)
+# ---------------------------------------------------------------------------------------------
+def run_maxima(x: torch.Tensor, k: int, config: dict, **flags):
+    largest, sorted_ = flags.get("largest", True), flags.get("sorted", True)
+    call = K.prepare(x, k, -1, largest, sorted_)
+    backend = K.OP.backend("maxima")
+    plan = backend.plan(call, config)
+    assert plan.reason is None, plan.reason
+    values, indices = backend.run(call, config)
+    ref = torch.topk(x, k, -1, largest, sorted_)
+    if sorted_:
+        assert same_values(values, ref.values)
+    else:
+        assert same_values(values.sort(-1).values, ref.values.sort(-1).values)
+    assert same_values(torch.gather(x, -1, indices), values)
+    rows = indices.reshape(-1, k)
+    assert bool((rows.sort(-1).values.diff(dim=-1) > 0).all()), "an index repeats"
+    return plan
+
+
+def maxima_configs(x: torch.Tensor, k: int) -> list[dict]:
+    return K.OP.backend("maxima").configs(K.prepare(x, k))
+
+
+def test_maxima_configs_and_flags(cpu_triton):
+    # One row over many programs in both launches; several rows; each config, both directions.
+    x = torch.randn(1, 3000)
+    for config in maxima_configs(x, 20):
+        plan = run_maxima(x, 20, config)
+        assert plan.NB > 1 and plan.NB2 > 1 and plan.S >= 2 * 20
+        run_maxima(x, 20, config, largest=False, sorted=False)
+        run_maxima(x, 1, config)
+    run_maxima(torch.randn(3, 900), 30, maxima_configs(x, 30)[0], largest=False)
+
+
+def test_maxima_coop_ranking(cpu_triton):
+    # The GPU's mode: the programs of a row wait for each other, then each ranks a share of the
+    # candidates. The interpreter runs programs one after another, so only a row with one
+    # program in launch 2 can wait here (rows of several programs: gpu tests).
+    x = random_input((3, 2000), torch.float32, seed=4)
+    config = dict(maxima_configs(x, 25)[0], COOP=True, SMS=3)
+    plan = run_maxima(x, 25, config)
+    assert plan.coop and plan.NB2 == 1
+    run_maxima(x, 25, config, largest=False)
+
+
+def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
+    # Two programs per row, run one after the other: the first cannot see the second arrive,
+    # gives up after SPIN_LIMIT polls and marks the row; the second ranks its share, and as the
+    # row's last program it ranks all of them. Same values written twice: still exact.
+    monkeypatch.setattr(K, "SPIN_LIMIT", K.tl.constexpr(3))
+    x = torch.randn(1, 3000)
+    config = dict(maxima_configs(x, 40)[0], COOP=True, SMS=2, UB=16)
+    plan = run_maxima(x, 40, config)
+    assert plan.coop and plan.NB2 == 2  # (UB=16: candidates re-read 16 at a time)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float64])
+def test_maxima_survivor_overflow_takes_the_whole_row(cpu_triton, dtype):
+    # A sorted row: every large value is in the last supergroups, so the cut (a supergroup
+    # maximum) lets through far more than the buffer holds; the last program selects from the
+    # whole row (64-bit keys come back unordered and torch.sort orders them).
+    x = torch.arange(4000, dtype=dtype).reshape(1, -1)
+    config = dict(maxima_configs(x, 30)[0], CAP=40)
+    run_maxima(x, 30, config)
+    run_maxima(x, 30, config, largest=False)
+    run_maxima(x.flip(-1), 30, config, sorted=False)
+
+
+def test_maxima_ties_at_the_cut(cpu_triton):
+    # Few distinct values: fewer than k keys exceed the cut, the rest are its ties.
+    x = torch.randint(0, 3, (2, 1200)).float()
+    run_maxima(x, 60, maxima_configs(x, 60)[0])
+    run_maxima(x, 60, maxima_configs(x, 60)[1], largest=False, sorted=False)
+    run_maxima(torch.full((1, 1000), 5, dtype=torch.int16), 40, maxima_configs(x, 40)[0])
+
+
+def test_maxima_64_bit_keys(cpu_triton):
+    x = torch.randn(2, 2500, dtype=torch.float64)
+    x[0, 100:120] = float("nan")
+    run_maxima(x, 50, maxima_configs(x, 50)[0])
+    big = torch.randint(-(1 << 62), 1 << 62, (2, 2500), dtype=torch.int64)
+    big[1, 7] = torch.iinfo(torch.int64).min
+    run_maxima(big, 40, maxima_configs(big, 40)[1], largest=False)
+
+
+@settings(max_examples=8, **SETTINGS)
+@given(n=st.integers(1, 2500), data=st.data())
+def test_property_maxima(cpu_triton, n, data):
+    # Ragged last tiles, chunks and groups; k up to the largest the row allows.
+    rows = data.draw(st.integers(1, 3))
+    spread = data.draw(st.sampled_from((4, 1000, 10**6)))
+    x = torch.randint(-spread, spread, (rows, n)).float()
+    config = data.draw(st.sampled_from(maxima_configs(x, 1)))
+    top = 0
+    while top < n and K.maxima_plan(rows, n, top + 1, x.dtype, True, 4, config).reason is None:
+        top += 1
+    if top == 0:  # a row too short for two supergroups: refused, with the reason
+        with pytest.raises(BackendError, match="too large a part"):
+            ops.topk(x, 1, backend="maxima")
+        return
+    k = data.draw(st.integers(1, top))
+    run_maxima(x, k, config, largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()))
+
+
+def test_maxima_plans_stay_in_bounds():
+    for R, N, k in [(1, 16_000_000, 1024), (1, 16_000_000, 1), (1, 130_000_000, 1024),
+                    (64, 128000, 50), (4096, 32000, 50), (256, 50000, 1), (1024, 4096, 32),
+                    (1, (1 << 31) + 4097, 1), (16, 1 << 20, 1000), (1, 100_000, 1024),
+                    (7, 9000, 8), (1, (1 << 32) - 1, 1024)]:
+        for cfg in ({}, {"RHO": 2, "G": 128}, {"TILE": 4096}):
+            p = K.maxima_plan(R, N, k, torch.float32, True, 132, cfg)
+            if p.reason:
+                continue
+            assert RHO_MIN_OK(p, k) and p.S <= p.SP <= K.MAXIMA_S_MAX
+            assert p.CPP % p.TILE == 0 and p.TILE % p.G == 0
+            assert (p.SG <= p.TILE and p.TILE % p.SG == 0) or p.SG == p.CPP
+            assert (p.NB - 1) * p.CPP < N <= p.NB * p.CPP and p.NG * p.G >= N
+            assert p.NGR == p.NB * p.CPP // p.G and p.SR * p.SG == p.NB * p.CPP
+            assert p.NB <= 65535
+            assert p.NB2 * p.GPP >= p.NG and p.GT2 * 2 > min(p.GPP, 2048) // 2
+            if p.coop:
+                assert R * p.NB2 <= 132 or p.NB2 == 1  # every waiting program resident
+            assert p.CAP >= k and p.EQ_CAP >= k
+    assert K.maxima_plan(1, 16_000_000, 1024, torch.float32, True, 132, {}).reason is None
+    assert K.maxima_plan(1, 3000, 2900, torch.float32, True, 132, {}).reason
+
+
+def RHO_MIN_OK(plan, k: int) -> bool:  # noqa: N802 - reads as the rule it checks
+    return plan.S >= K.RHO_MIN * k
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_autograd(cpu_triton, backend):
     x = torch.randn(3, 40, requires_grad=True)
@@ -642,9 +785,33 @@ def test_gpu_every_radix_config(cuda):
 
 
 @pytest.mark.gpu
+def test_gpu_maxima_paths(cuda):
+    backend = K.OP.backend("maxima")
+    for shape, k in (((1, 16_000_000), 1024), ((3, 2_000_000), 300), ((64, 128000), 50),
+                     ((16, 1 << 20), 1000), ((1, 1 << 20), 1024), ((1, 130_000_000), 64)):
+        x = torch.randn(shape, device=cuda)
+        x[:, ::97] = 0.5  # ties
+        call = K.prepare(x, k)
+        ref = torch.topk(x, k)
+        for cfg in backend.configs(call):
+            values, indices = backend.run(call, cfg)
+            assert same_values(values, ref.values), (shape, k, cfg)
+            assert same_values(torch.gather(x, 1, indices), values), (shape, k, cfg)
+            assert bool((indices.sort(-1).values.diff(dim=-1) > 0).all()), (shape, k, cfg)
+    # Sorted rows: the survivors overflow and the last program selects from the whole row.
+    x = torch.arange(3_000_000, device=cuda, dtype=torch.float32)
+    check(x, 500, backend="maxima")
+    check(x.flip(0), 500, largest=False, sorted=False, backend="maxima")
+    check(x.double(), 64, backend="maxima")
+    # Few distinct values: the k-th value is the cut, the winners come from its ties.
+    check(torch.randint(0, 3, (2, 2_000_000), device=cuda).half(), 1000, backend="maxima")
+    check(torch.full((3, 1_000_000), 7.0, device=cuda), 1000, backend="maxima")
+
+
+@pytest.mark.gpu
 def test_gpu_special_values(cuda):
     x = torch.stack([special_row(200_000, s) for s in range(4)]).to(cuda)
-    for backend in ("radix", "sort"):
+    for backend in ("radix", "maxima", "sort"):
         check(x, 500, backend=backend)
         check(x, 500, largest=False, backend=backend)
     check(torch.full((3, 1_000_000), 7.0, device=cuda), 1000)          # all equal
@@ -664,7 +831,7 @@ def test_gpu_dims_and_layouts(cuda):
 @settings(max_examples=30, **SETTINGS)
 @given(rows=st.integers(1, 300), n=st.integers(1, 300_000), data=st.data())
 def test_gpu_random(cuda, rows, n, data):
-    backend = data.draw(st.sampled_from(("radix", "tournament", "auto")))
+    backend = data.draw(st.sampled_from(("radix", "tournament", "maxima", "auto")))
     top = K.TOURNAMENT_K_MAX if backend == "tournament" else 5000
     k = data.draw(st.integers(0, min(n, top)))
     x = torch.randn(rows, n, device=cuda)
@@ -686,6 +853,9 @@ def test_gpu_row_past_2_31_elements(cuda):
     assert indices.tolist() == [n - 1, 1 << 31, (1 << 31) - 1, 1 << 30, 5]
     values, indices = ops.topk(x, 1, backend="tournament")
     assert values.tolist() == [250] and indices.tolist() == [n - 1]
+    values, indices = ops.topk(x, 5, backend="maxima")
+    assert values.tolist() == [250, 13, 11, 9, 7]
+    assert indices.tolist() == [n - 1, 1 << 31, (1 << 31) - 1, 1 << 30, 5]
     x[n - 1] = 0
     values, indices = ops.topk(x, 1, backend="tournament")
     assert values.tolist() == [13] and indices.tolist() == [1 << 31]

@@ -47,8 +47,11 @@ class _Sm90:
 
 
 def _ptxas_report(ptx: str) -> str:
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
+    # Triton 3.9 emits PTX 9.x, which its own `ptxas` (CUDA 12.9) rejects; the `ptxas-blackwell`
+    # beside it (CUDA 13) assembles it, sm_90a included.
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next((p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists()), None)
+    if ptxas is None:
         return "ptxas not found"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)

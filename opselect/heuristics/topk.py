@@ -188,6 +188,36 @@ def tournament(call, model, plan):
     return model.estimate(OP, "tournament", triton=True, launch=host, **parts)
 
 
+def maxima(call, model, plan):
+    done = _trivial(call, model, "maxima", True)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    sms = max(1, model.sm_count)
+    key_bits = 64 if s == 8 else 32
+    parts = _copy(call, model)
+    host = parts.pop("copy_host", 0.0) + 2 * model.launch + _alloc(3, model)
+    host += _reshape_host(call, model)
+    # Launch 1 streams the rows and writes the group and supergroup maxima.
+    maxima_bytes = R * (plan.NGR + plan.SR) * key_bits / 8
+    waves1 = math.ceil(R * plan.NB / (sms * max(1, WARPS_PER_SM // plan.warps1)))
+    parts["memory"] = max(model.stream(R * N * s + _out_bytes(call) + maxima_bytes),
+                          waves1 * plan.CPP * s / PROGRAM_BANDWIDTH)
+    # Launch 2: every program searches the cut among its row's supergroup maxima, scans its
+    # share of the group maxima (from L2) and gathers its hot groups (dependent loads).
+    waves2 = math.ceil(R * plan.NB2 / (sms * max(1, WARPS_PER_SM // plan.warps2)))
+    cut = _search_steps(key_bits, False) * STEP_LATENCY + 2 * TILE_LATENCY
+    scan = R * plan.NGR * key_bits / 8 / model.l2_bandwidth
+    parts["cut"] = waves2 * cut + scan
+    # The row's programs rank about 1.2 k candidates together, each a share.
+    ranks = 1.3 * max(k, 1) ** 2 / (plan.NB2 * 4e10 / sms)
+    parts["finish"] = math.ceil(R * plan.NB2 / sms) * (TILE_LATENCY + ranks)
+    if plan.sort_after:
+        parts["sort_k"] = model.sort(R * k, s, 8)
+        host += 2 * model.torch_launch
+    return model.estimate(OP, "maxima", triton=True, launch=host, **parts)
+
+
 def _reshape_host(call, model) -> float:
     # Results for a dim other than the last are moved into torch's layout (two copies).
     return 0.0 if call.dim == max(call.nd, 1) - 1 else 2 * model.torch_launch
