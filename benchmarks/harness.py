@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--providers", default="", help="comma list: only these providers")
     p.add_argument("--configs", action="store_true",
                    help="also time every config of every backend (providers named backend#i)")
+    p.add_argument("--part", default="",
+                   help="i/n: only every n-th case from the i-th (1-based), to split a suite "
+                        "over several runs; combine them with --merge")
+    p.add_argument("--merge", action="store_true",
+                   help="fold this run into the saved results: its providers replace theirs in "
+                        "the cases it ran, everything else is kept, the summary is redone")
     return p.parse_args(argv)
 
 
@@ -143,9 +149,12 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
     slug = gpu_slug(device)
     print(f"# {suite.op} on {slug}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
 
+    part, parts = (int(v) for v in args.part.split("/")) if args.part else (1, 1)
     rows = []
-    for case in suite.cases:
+    for index, case in enumerate(suite.cases):
         if args.filter and not any(part in case.name for part in args.filter.split("|")):
+            continue
+        if index % parts != part - 1:
             continue
         torch.manual_seed(0)
         inputs = case.make(device)
@@ -190,6 +199,8 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    if args.merge:
+        rows = _merged(RESULTS / slug / f"{suite.op}.json", rows, suite, op, bw)
     summary = _summarise(rows, bw)
     if suite.targets:
         summary.update(suite.targets(rows, summary))
@@ -228,6 +239,23 @@ def time_checked(name: str, fn: Callable[[], Any], ref: Any, inputs: Any,
         row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
         print(f"  !! {row['case']}: {name} failed: {row['errors'][name]}", flush=True)
         return None
+
+
+def _merged(path: Path, rows: list[dict], suite: Suite, op, bw: float) -> list[dict]:
+    """The saved rows with this run's providers laid over them (case by case), in the suite's
+    order; each merged row's derived numbers are computed again."""
+    saved = {r["case"]: r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
+    for row in rows:
+        old = saved.get(row["case"])
+        if old is not None:
+            for key in ("ms", "errors"):
+                row[key] = {**old.get(key, {}), **row[key]}
+            for key in ("auto_cold_choice", "auto_warm_choice", "configs"):
+                if key not in row and key in old:
+                    row[key] = old[key]
+        _derive(row, op, bw)
+        saved[row["case"]] = row
+    return [saved[c.name] for c in suite.cases if c.name in saved]
 
 
 def _derive(row: dict, op, bw: float) -> None:

@@ -23,8 +23,6 @@ FILTER_OPS = 14.0
 # Per element per network round of a bitonic top-k (partner exchange, compare, select).
 BITONIC_OPS = 10.0
 # Latencies of the radix steps that one program runs alone.
-SAMPLE_LATENCY = 3e-6       # scattered sample loads + tl.topk of 2048 keys
-THRESHOLD_LATENCY = 1.5e-6  # each filter program's tl.topk over the sample tops
 STEP_LATENCY = 0.35e-6      # one 4-ary search step over a register tile (one fused reduction)
 TILE_LATENCY = 1.0e-6       # one tile re-read from L2 in the finisher's slow path
 SORT_ROUND_LATENCY = 0.02e-6  # one round of the in-register bitonic sort of the k winners
@@ -33,8 +31,27 @@ SORT_ROUND_LATENCY = 0.02e-6  # one round of the in-register bitonic sort of the
 WARPS_PER_SM = 16
 # One program streaming its own row (fused mode) reads at about this rate.
 PROGRAM_BANDWIDTH = 60e9
-# torch.topk: its radix passes run at about this fraction of the copy bandwidth.
-TORCH_PASS_EFFICIENCY = 0.45
+# torch.topk (ATen's multi-block radix select, torch 2.11-2.13): each of its digit passes
+# (one per key byte) handles about this many elements per second on an H200 (scaled by
+# bandwidth elsewhere): 16M float32 elements take 0.32 ms, 4 passes and a gather.
+TORCH_ELEMENTS_PER_S = 2.6e11
+TORCH_PASS_FIXED = 12e-6  # per digit pass (its scan of the digit counts): 100K elements, 51 us
+TORCH_GATHER_EFFICIENCY = 0.3
+# radix: sampling, the cooperative wait and the one-program finisher cost about this much
+# device time whatever the row (H200, 16M elements k = 1: 0.09 ms, of which 0.02 is reading).
+RADIX_FIXED = 55e-6
+# radix with one program per row (fused): each wave of programs takes about this long beyond
+# its reading (H200: 256 x 50000 k = 1, one wave, 0.12 ms; 4096 x 32000 bf16, 8 waves, 0.77).
+RADIX_FUSED_WAVE = 90e-6
+# bitonic networks wider than a warp's registers exchange through shared memory: their
+# rounds cost more per element (32 x 8192, k = 8192: 0.2 ms on the H200).
+BITONIC_WIDE = 1024
+# maxima: launch 2's dependent steps (cut, scan, gather, wait, rank) on an idle chip, and per
+# winner (the wider search and ranking; H200, 16M elements: 8 us at k = 1, 14 us at 1024).
+MAXIMA_SELECT = 8e-6
+MAXIMA_PER_K = 6e-9
+MAXIMA_PER_PROGRAM = 50e-9  # launch-2 programs beyond the chip's first wave queue up
+MAXIMA_PASS_EFFICIENCY = 0.75  # of copy bandwidth, reading with evict-first
 
 
 def _sizes(call):
@@ -65,15 +82,13 @@ def torch_(call, model):
     if done is not None:
         return done
     R, N, k, s = _sizes(call)
-    if R <= 10 and N >= 100_000:
-        # ATen sorts a few long slices entirely (should_use_sort), then gathers k.
-        return model.estimate(OP, "torch", triton=False, launch=4 * model.torch_launch,
-                              sort=model.sort(R * N, s, 8),
-                              memory=model.stream(R * N * s + _out_bytes(call)))
-    # A radix select: one pass per key byte over every slice, plus the sort of the k results.
+    # A radix select: one pass per key byte over every slice, then a gather of the winners
+    # and the sort of the k results.
     passes = s
-    memory = passes * model.stream(R * N * s) / TORCH_PASS_EFFICIENCY
-    parts = dict(launch=(passes + 3) * model.torch_launch, memory=memory,
+    speed = TORCH_ELEMENTS_PER_S * model.bandwidth / 4.1e12
+    parts = dict(launch=(passes + 3) * model.torch_launch,
+                 digits=passes * (TORCH_PASS_FIXED + R * N / speed),
+                 gather=model.stream(R * N * s) / TORCH_GATHER_EFFICIENCY,
                  out=model.stream(_out_bytes(call)))
     if call.sorted and k > 1:
         parts["sort_k"] = model.sort(R * k, s, 8) * 0.5
@@ -85,8 +100,9 @@ def sort(call, model):
     if done is not None:
         return done
     R, N, k, s = _sizes(call)
+    # torch.sort, then the two slices made contiguous: host-bound for small rows (65 us).
     return model.estimate(OP, "sort", triton=False, sort=model.sort(R * N, s, 8),
-                          launch=4 * model.torch_launch,
+                          launch=8 * model.torch_launch,
                           slice=model.stream(2 * _out_bytes(call)))
 
 
@@ -143,15 +159,14 @@ def radix(call, model, plan):
         host += model.launch + _alloc(3, model)
         # Each program streams its own row: many rows fill the chip, few leave it idle.
         parts["memory"] = max(memory, alu, waves * N * s / PROGRAM_BANDWIDTH)
-        parts["finish"] = waves * (finish + SAMPLE_LATENCY + THRESHOLD_LATENCY)
+        parts["finish"] = waves * (finish + RADIX_FUSED_WAVE)
     else:
         launches = 1 if plan.mode == "coop" else 2
         host += launches * model.launch + _alloc(3, model)
         if plan.mode == "coop":
             host += 0.5 * model.torch_launch  # the zeroed workspace (a memset)
         parts["memory"] = max(memory, alu)
-        parts["sample"] = SAMPLE_LATENCY + model.stream(R * plan.sample * 32)
-        parts["threshold"] = THRESHOLD_LATENCY
+        parts["sample"] = RADIX_FIXED + model.stream(R * plan.sample * 32)
         # The last program of each row finishes it; rows finish in parallel.
         parts["finish"] = finish
     if plan.sort_after:
@@ -200,18 +215,13 @@ def maxima(call, model, plan):
     host += _reshape_host(call, model)
     # Launch 1 streams the rows and writes the group and supergroup maxima.
     maxima_bytes = R * (plan.NGR + plan.SR) * key_bits / 8
-    waves1 = math.ceil(R * plan.NB / (sms * max(1, WARPS_PER_SM // plan.warps1)))
-    parts["memory"] = max(model.stream(R * N * s + _out_bytes(call) + maxima_bytes),
-                          waves1 * plan.CPP * s / PROGRAM_BANDWIDTH)
+    parts["memory"] = model.stream(R * N * s + maxima_bytes) / MAXIMA_PASS_EFFICIENCY
     # Launch 2: every program searches the cut among its row's supergroup maxima, scans its
-    # share of the group maxima (from L2) and gathers its hot groups (dependent loads).
-    waves2 = math.ceil(R * plan.NB2 / (sms * max(1, WARPS_PER_SM // plan.warps2)))
-    cut = _search_steps(key_bits, False) * STEP_LATENCY + 2 * TILE_LATENCY
-    scan = R * plan.NGR * key_bits / 8 / model.l2_bandwidth
-    parts["cut"] = waves2 * cut + scan
-    # The row's programs rank about 1.2 k candidates together, each a share.
-    ranks = 1.3 * max(k, 1) ** 2 / (plan.NB2 * 4e10 / sms)
-    parts["finish"] = math.ceil(R * plan.NB2 / sms) * (TILE_LATENCY + ranks)
+    # share of the group maxima (from L2), gathers its hot groups, waits for the row's other
+    # programs and ranks a share of the candidates: dependent steps, then the queue of
+    # programs where there are many rows.
+    parts["select"] = (MAXIMA_SELECT + MAXIMA_PER_K * k + MAXIMA_PER_PROGRAM * R * plan.NB2
+                       + model.stream(_out_bytes(call)))
     if plan.sort_after:
         parts["sort_k"] = model.sort(R * k, s, 8)
         host += 2 * model.torch_launch
@@ -244,7 +254,7 @@ def bitonic(call, model):
     npow = 1 << max(0, (N - 1).bit_length())
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
-    ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS
+    ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, npow / BITONIC_WIDE)
     host = model.launch + _alloc(2, model) + _reshape_host(call, model)
     parts = dict(memory=model.stream(R * N * s + _out_bytes(call)),
                  network=ops / (sms * ALU_PER_SM))
