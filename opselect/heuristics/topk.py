@@ -86,8 +86,10 @@ def torch_(call, model):
     # and the sort of the k results.
     passes = s
     speed = TORCH_ELEMENTS_PER_S * model.bandwidth / 4.1e12
+    # (On the CPU torch.topk is one call: no digit-pass kernels with their fixed cost.)
+    fixed = TORCH_PASS_FIXED if model.triton_slowdown == 1.0 else 0.0
     parts = dict(launch=(passes + 3) * model.torch_launch,
-                 digits=passes * (TORCH_PASS_FIXED + R * N / speed),
+                 digits=passes * (fixed + R * N / speed),
                  gather=model.stream(R * N * s) / TORCH_GATHER_EFFICIENCY,
                  out=model.stream(_out_bytes(call)))
     if call.sorted and k > 1:

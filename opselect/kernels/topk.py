@@ -854,14 +854,14 @@ def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, NGR, S
         key = tl.where(lane < n_here - base, _order_key(x, IS_FLOAT, flip, KEY64), lowest)
         gm = tl.max(key, axis=1)
         tl.store(gmax + t * GT + group, gm)
-        if SG < TILE:
+        if SG <= TILE:
             SPT: tl.constexpr = TILE // SG
             sm = tl.max(tl.reshape(gm, [SPT, SG // G]), axis=1)
             tl.store(smax + t * SPT + tl.arange(0, SPT), sm)
         else:
             acc = tl.maximum(acc, tl.max(gm, axis=0))
         x = x_next
-    if SG >= TILE:
+    if SG > TILE:
         tl.store(smax, acc)  # the plan makes CPP == SG here: one supergroup per program
 
 
@@ -1717,8 +1717,9 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     if p.S < RHO_MIN * kk:
         p.reason = (f"k={k} is too large a part of a row of {N}: the cut needs {RHO_MIN:g} k "
                     f"supergroups of at least {p.G} elements")
-    # A chunk is TPP tiles (their loads overlap), or one supergroup where that is longer.
-    p.CPP = max(p.TILE * config.get("TPP", 1), SG)
+    # A chunk is TPP tiles (their loads overlap), or exactly one supergroup where supergroups
+    # are longer than a tile (the pass kernel then keeps one running maximum per chunk).
+    p.CPP = SG if SG > p.TILE else p.TILE * config.get("TPP", 1)
     p.NB = cdiv(N, p.CPP)
     p.NG = cdiv(N, p.G)
     p.NGR = p.NB * (p.CPP // p.G)
