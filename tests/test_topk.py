@@ -330,20 +330,28 @@ def test_radix_row_stride_in_place(cpu_triton):
 # ---------------------------------------------------------------------------------------------
 # the tournament backend's paths (interpreter plans: tiles of 64, chunks of a few hundred)
 # ---------------------------------------------------------------------------------------------
-def run_tournament(x: torch.Tensor, k: int, config: dict, **flags):
-    call = K.prepare(x, k, -1, flags.get("largest", True), flags.get("sorted", True))
-    backend = K.OP.backend("tournament")
+def run_forced(name: str, x: torch.Tensor, k: int, config: dict, **flags):
+    """Run backend `name` with `config` on rows x (last dim), check it against torch.topk
+    (values, indices pointing at them, no index twice in a row) and return its plan."""
+    largest, sorted_ = flags.get("largest", True), flags.get("sorted", True)
+    call = K.prepare(x, k, -1, largest, sorted_)
+    backend = K.OP.backend(name)
     plan = backend.plan(call, config)
-    got = backend.run(call, config)
-    ref = torch.topk(x, k, -1, flags.get("largest", True), flags.get("sorted", True))
-    if flags.get("sorted", True):
-        assert same_values(got.values, ref.values)
+    assert getattr(plan, "reason", None) is None, plan.reason
+    values, indices = backend.run(call, config)
+    ref = torch.topk(x, k, -1, largest, sorted_)
+    if sorted_:
+        assert same_values(values, ref.values)
     else:
-        assert same_values(got.values.sort(-1).values, ref.values.sort(-1).values)
-    assert same_values(torch.gather(x, -1, got.indices), got.values)
-    rows = got.indices.reshape(-1, k)
+        assert same_values(values.sort(-1).values, ref.values.sort(-1).values)
+    assert same_values(torch.gather(x, -1, indices), values)
+    rows = indices.reshape(-1, k)
     assert bool((rows.sort(-1).values.diff(dim=-1) > 0).all()), "an index repeats"
     return plan
+
+
+def run_tournament(x: torch.Tensor, k: int, config: dict, **flags):
+    return run_forced("tournament", x, k, config, **flags)
 
 
 def tournament_configs(x: torch.Tensor, k: int) -> list[dict]:
@@ -406,21 +414,7 @@ def test_tournament_plans_stay_in_bounds():
 # the maxima backend's paths (interpreter plans: tiles of 32-64, groups of 4-8)
 # ---------------------------------------------------------------------------------------------
 def run_maxima(x: torch.Tensor, k: int, config: dict, **flags):
-    largest, sorted_ = flags.get("largest", True), flags.get("sorted", True)
-    call = K.prepare(x, k, -1, largest, sorted_)
-    backend = K.OP.backend("maxima")
-    plan = backend.plan(call, config)
-    assert plan.reason is None, plan.reason
-    values, indices = backend.run(call, config)
-    ref = torch.topk(x, k, -1, largest, sorted_)
-    if sorted_:
-        assert same_values(values, ref.values)
-    else:
-        assert same_values(values.sort(-1).values, ref.values.sort(-1).values)
-    assert same_values(torch.gather(x, -1, indices), values)
-    rows = indices.reshape(-1, k)
-    assert bool((rows.sort(-1).values.diff(dim=-1) > 0).all()), "an index repeats"
-    return plan
+    return run_forced("maxima", x, k, config, **flags)
 
 
 def maxima_configs(x: torch.Tensor, k: int) -> list[dict]:

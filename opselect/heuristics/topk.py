@@ -210,7 +210,6 @@ def maxima(call, model, plan):
     if done is not None:
         return done
     R, N, k, s = _sizes(call)
-    sms = max(1, model.sm_count)
     key_bits = 64 if s == 8 else 32
     parts = _copy(call, model)
     host = parts.pop("copy_host", 0.0) + 2 * model.launch + _alloc(3, model)

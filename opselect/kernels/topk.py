@@ -1,6 +1,6 @@
 """topk: the k largest (or smallest) values along one dim and their indices, as torch.topk.
 
-Four algorithms; a call is seen as R rows of N elements (the dim moved last) and k per row:
+Six algorithms; a call is seen as R rows of N elements (the dim moved last) and k per row:
 
   torch    torch.topk (ATen: a radix select per slice, or a full sort for <= 10 long slices)
   radix    a radix select on order-preserving integer keys that reads the data once, with no
@@ -33,6 +33,12 @@ Four algorithms; a call is seen as R rows of N elements (the dim moved last) and
            SM; `split`: the same in two launches (samples first) where programs may not wait
            (the interpreter, OPSELECT_TOPK_COOP=0); `fused` (as many rows as SMs or more): one
            program per row does everything; `direct` (rows of one tile): select from the row.
+  tournament  per chunk, the maxima of groups of G elements cut the chunk to its 2k hot groups;
+           the last program of a shared row merges the chunks' winners (small k)
+  maxima   one cut for a whole row from supergroup maxima: launch 1 reads the row once (group
+           and supergroup maxima, no search, no wait), launch 2 gathers the groups that reach
+           the cut and the row's programs rank the ~1.2 k candidates into place together
+           (long rows, k <= 1024; see _maxima_select_kernel)
   sort     torch.sort of each row, then the first k: wins when k is a large part of the row
   bitonic  rows of up to 16384 elements are loaded once; key and index are packed in one int64
            and tl.topk (a bitonic top-k network) or tl.sort runs in registers: many short rows
@@ -912,9 +918,8 @@ def _candidate(sbuf, sidx, n_gt, CAP, u, ok, KEY64: tl.constexpr):
 
 
 @triton.jit
-def _rank_block(x_ptr, row_off, sbuf, sidx, n_gt, CAP, k, c, okc, ou, ku, iu, oku, val_row,
-                idx_row, KEY64: tl.constexpr):
-    """Rank candidates c among the loaded ones (ou, ku, iu) and write those ranked below k."""
+def _rank_block(sbuf, sidx, n_gt, CAP, c, okc, ou, ku, iu, oku, KEY64: tl.constexpr):
+    """The ranks of candidates c among the loaded ones (ou, ku, iu), and their indices."""
     oc, kc, ic = _candidate(sbuf, sidx, n_gt, CAP, c, okc, KEY64)
     before = oku[None, :] & (ou[None, :] > oc[:, None])
     if KEY64:
@@ -941,8 +946,7 @@ def _rank_candidates(x_ptr, row_off, sbuf, sidx, n_gt, n_tie, CAP, k, c_lo, c_hi
         for c0 in range(c_lo, c_hi, CB):
             c = c0 + tl.arange(0, CB)
             okc = c < c_hi
-            rank, ic = _rank_block(x_ptr, row_off, sbuf, sidx, n_gt, CAP, k, c, okc, ou, ku,
-                                   iu, oku, val_row, idx_row, KEY64)
+            rank, ic = _rank_block(sbuf, sidx, n_gt, CAP, c, okc, ou, ku, iu, oku, KEY64)
             win = okc & (rank < k)
             tl.store(idx_row + rank, ic, mask=win)
             tl.store(val_row + rank, tl.load(x_ptr + row_off + ic, mask=win), mask=win)
@@ -956,8 +960,7 @@ def _rank_candidates(x_ptr, row_off, sbuf, sidx, n_gt, n_tie, CAP, k, c_lo, c_hi
                 u = u0 + tl.arange(0, UB)
                 oku = u < C
                 ou, ku, iu = _candidate(sbuf, sidx, n_gt, CAP, u, oku, KEY64)
-                part, ic = _rank_block(x_ptr, row_off, sbuf, sidx, n_gt, CAP, k, c, okc, ou,
-                                       ku, iu, oku, val_row, idx_row, KEY64)
+                part, ic = _rank_block(sbuf, sidx, n_gt, CAP, c, okc, ou, ku, iu, oku, KEY64)
                 rank += part
             win = okc & (rank < k)
             tl.store(idx_row + rank, ic, mask=win)
@@ -1401,19 +1404,26 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
     return p
 
 
+def _memo_plan(cache: dict, key: tuple, make):
+    """The plan for `key` from `cache`, made by make() on the first call only: a backend's
+    launch parameters depend on the call's sizes and config alone, and a call's key repeats far
+    more often than it changes (the cache is simply cleared if it ever grows large)."""
+    plan = cache.get(key)
+    if plan is None:
+        if len(cache) > 4096:
+            cache.clear()
+        plan = cache[key] = make()
+    return plan
+
+
 _PLANS: dict[tuple, RadixPlan] = {}
 
 
 def _cached_plan(call: TopkCall, config: dict) -> RadixPlan:
     key = (call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
            tuple(sorted(config.items())))
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        plan = _PLANS[key] = radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted,
-                                        call.info.sm_count, config)
-    return plan
+    return _memo_plan(_PLANS, key, lambda: radix_plan(
+        call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count, config))
 
 
 class RadixBackend(Backend):
@@ -1617,13 +1627,8 @@ class TournamentBackend(Backend):
 
     def _plan(self, call: TopkCall, config) -> TournamentPlan:
         key = (call.R, call.N, call.k, call.info.sm_count, tuple(sorted(config.items())))
-        plan = _TPLANS.get(key)
-        if plan is None:
-            if len(_TPLANS) > 4096:
-                _TPLANS.clear()
-            plan = _TPLANS[key] = tournament_plan(call.R, call.N, call.k, call.info.sm_count,
-                                                  dict(config))
-        return plan
+        return _memo_plan(_TPLANS, key, lambda: tournament_plan(
+            call.R, call.N, call.k, call.info.sm_count, dict(config)))
 
     def plan(self, call: TopkCall, config: dict | None = None) -> TournamentPlan:
         return self._plan(call, dict(config or self.configs(call)[0]))
@@ -1782,9 +1787,9 @@ class MaximaBackend(Backend):
 
     name = "maxima"
     kernels = (_order_key, _key_limits, _typed, _count3, _cavg, _narrow, _cut, _kth, _src_tile,
-               _store_winners, _select, _select_tile, _select_tiles, _take_k, _take_threshold,
-               _write_out, _row_buffers, _maxima_pass_kernel, _append_survivors, _candidate,
-               _rank_block, _rank_candidates, _maxima_select_kernel)
+               _store_winners, _select, _select_tile, _select_tiles, _take_k, _write_out,
+               _row_buffers, _maxima_pass_kernel, _append_survivors, _candidate, _rank_block,
+               _rank_candidates, _maxima_select_kernel)
 
     def supports(self, call: TopkCall) -> str | None:
         if call.k == 0 or call.R == 0 or call.nd == 0:
@@ -1813,13 +1818,9 @@ class MaximaBackend(Backend):
     def _plan(self, call: TopkCall, config) -> MaximaPlan:
         key = (call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
                tuple(sorted(config.items())))
-        plan = _MPLANS.get(key)
-        if plan is None:
-            if len(_MPLANS) > 4096:
-                _MPLANS.clear()
-            plan = _MPLANS[key] = maxima_plan(call.R, call.N, call.k, call.input.dtype,
-                                              call.sorted, call.info.sm_count, dict(config))
-        return plan
+        return _memo_plan(_MPLANS, key, lambda: maxima_plan(
+            call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
+            dict(config)))
 
     def plan(self, call: TopkCall, config: dict | None = None) -> MaximaPlan:
         return self._plan(call, dict(config or self.configs(call)[0]))
