@@ -36,7 +36,7 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
     """torch.topk: the k largest (or smallest) values along `dim` and their indices, as
     torch.return_types.topk(values, indices). NaN counts as larger than every number.
 
-    Backends: torch, radix, sort, bitonic (see opselect.kernels.topk)."""
+    Backends: torch, radix, tournament, maxima, sort, bitonic (see opselect.kernels.topk)."""
     return _topk.OP.run(_topk.prepare(input, k, dim, largest, sorted), backend)
 
 

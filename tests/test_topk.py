@@ -803,6 +803,37 @@ def test_gpu_maxima_paths(cuda):
 
 
 @pytest.mark.gpu
+def test_gpu_bound_launches(cuda, monkeypatch):
+    """Every Triton backend's launches: with verify on, Triton binds each call and must pick
+    the very kernel the backend's spec names (a spec that misses an argument Triton
+    specializes on fails here); then the bound fast path runs on fresh data of the same call."""
+    from opselect.kernels._common import Launcher
+
+    cases = [((1, 2_000_000), 100, torch.float32), ((64, 128000), 50, torch.bfloat16),
+             ((3, 300_000), 64, torch.int64), ((4096, 256), 8, torch.float16),
+             ((2, 5000), 20, torch.int32)]
+    seed = 0
+    for shape, k, dtype in cases:
+        for largest in (True, False):
+            for offset in (0, 1):  # 1: the input pointer is off 16 bytes, the rows longer
+                def fresh():
+                    nonlocal seed
+                    seed += 1
+                    rows, n = shape
+                    return random_input((rows, n + offset), dtype, seed).to(cuda)[:, offset:]
+                for backend in TRITON_BACKENDS:
+                    x = fresh()
+                    if refuses(backend, x, k):
+                        continue
+                    monkeypatch.setattr(Launcher, "verify", True)
+                    check(x, k, largest=largest, backend=backend)
+                    check(x, k, largest=largest, backend=backend)
+                    monkeypatch.setattr(Launcher, "verify", False)
+                    check(fresh(), k, largest=largest, backend=backend)
+                    check(fresh(), k, largest=largest, backend=backend)
+
+
+@pytest.mark.gpu
 def test_gpu_special_values(cuda):
     x = torch.stack([special_row(200_000, s) for s in range(4)]).to(cuda)
     for backend in ("radix", "maxima", "sort"):

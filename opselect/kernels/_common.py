@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+import triton
 
 INT32_SAFE = 2**31 - 2**20  # above this, offsets in kernels are computed in 64 bits
 
@@ -26,3 +29,92 @@ def flat(t: torch.Tensor) -> torch.Tensor:
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+
+class Launcher:
+    """Launches one @triton.jit kernel; after the first launch of a specialization, straight
+    through the compiled kernel.
+
+    Triton's own launch path binds every argument, works out each one's specialization (is it
+    1, a multiple of 16, a 16-byte aligned pointer?) and hashes them into a cache key, on every
+    call: tens of microseconds for a kernel of thirty arguments, which is more than some of our
+    kernels run and pushes a whole call past its device time. A Launcher lets Triton do that
+    once per `spec` and keeps the compiled kernel. `spec` is the caller's promise: a hashable
+    value that fixes every integer argument, every constexpr and num_warps (in practice the
+    backend's memoized plan and the few facts of the call outside it). The launcher adds the
+    device and the pointers' dtypes and alignment itself. Triton's path is taken under the
+    interpreter, while launch hooks are set (profilers read them), and for every call while
+    `verify` is on, which also checks that Triton picks the very kernel the spec named.
+
+    Runtime arguments are positional, constexprs keywords, as the kernel declares them.
+    """
+
+    verify = bool(os.environ.get("OPSELECT_VERIFY_LAUNCH"))
+    enabled = os.environ.get("OPSELECT_FAST_LAUNCH", "1") != "0"
+    MAX_BOUND = 1024
+
+    __slots__ = ("fn", "bound", "fast", "pointers")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.bound: dict = {}
+        self.pointers: tuple[int, ...] | None = None  # positions of the tensor arguments
+        # The interpreter's kernels have no compiled launcher.
+        self.fast = isinstance(fn, triton.runtime.JITFunction)
+
+    def __call__(self, spec, grid: tuple, *args, num_warps: int, **constexprs):
+        if not (self.fast and Launcher.enabled):
+            self.fn[grid](*args, num_warps=num_warps, **constexprs)
+            return
+        device = _current_device()
+        pointers = self.pointers
+        if pointers is None:
+            pointers = self.pointers = tuple(
+                i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        key = (spec, device, *[(args[i].dtype, args[i].data_ptr() & 15 == 0)
+                               for i in pointers])
+        bound = self.bound.get(key)
+        if bound is not None and not Launcher.verify and _hooks_idle():
+            compiled, tail = bound
+            g = grid + (1, 1)
+            compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function,
+                         compiled.packed_metadata, None, None, None, *args, *tail)
+            return
+        compiled = self.fn[grid](*args, num_warps=num_warps, **constexprs)
+        if bound is not None:
+            if compiled is not bound[0]:
+                raise AssertionError(
+                    f"{self.fn.__name__}: spec {spec!r} named a kernel that Triton compiled "
+                    "for other arguments (the spec misses one that Triton specializes on)")
+            return
+        names = self.fn.arg_names[len(args):]
+        if hasattr(compiled, "packed_metadata") and all(n in constexprs for n in names):
+            if len(self.bound) >= self.MAX_BOUND:
+                self.bound.clear()
+            self.bound[key] = (compiled, tuple(constexprs[n] for n in names))
+
+
+_stream_of = None  # the driver's current-stream function, looked up on first use
+
+
+def _current_stream(device: int) -> int:
+    global _stream_of
+    if _stream_of is None:
+        _stream_of = triton.runtime.driver.active.get_current_stream
+    return _stream_of(device)
+
+
+# torch.cuda.current_device() less its lazy-init check (a Launcher is only used once a
+# kernel has launched, so CUDA is initialised).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_RUNTIME_KNOBS = triton.knobs.runtime
+
+
+def _hooks_idle() -> bool:
+    """No launch hooks are installed (profilers such as proton install them): the fast path
+    passes none to the launcher. Hooks are HookChains from triton 3.6 on (a plain function
+    set in their place counts as installed)."""
+    enter, exit_ = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
+    return ((enter is None or not getattr(enter, "calls", True))
+            and (exit_ is None or not getattr(exit_, "calls", True)))

@@ -1,0 +1,125 @@
+"""Launcher: the bound fast path of kernel launches (kernels/_common.py).
+
+On the CPU the kernels are interpreted and never take the fast path, so these tests drive a
+Launcher with a stand-in for a JIT function and its compiled kernel: what is bound, when the
+fast path is taken, and what sends a call back to Triton's own path. The GPU test runs real
+kernels both ways.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from opselect.kernels import _common
+from opselect.kernels._common import Launcher
+
+
+class FakeCompiled:
+    """What Triton's launch returns: a compiled kernel with its launcher."""
+
+    def __init__(self, log: list, name: str):
+        self.log, self.name = log, name
+        self.function, self.packed_metadata = f"fn-{name}", "meta"
+
+    def run(self, gx, gy, gz, stream, function, meta, launch_md, enter, exit_, *args):
+        self.log.append(("fast", self.name, (gx, gy, gz), stream, args))
+
+
+class FakeJit:
+    """A kernel (x_ptr, n, flip, BLOCK: constexpr) whose every launch goes through 'Triton'."""
+
+    arg_names = ["x_ptr", "n", "flip", "BLOCK"]
+    __name__ = "fake_kernel"
+
+    def __init__(self):
+        self.log: list = []
+        self.compiled: dict = {}
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, **constexprs):
+            # Triton's specialization, as far as these tests need it: the pointer's dtype and
+            # alignment, the integers, the constexprs and the warps.
+            x = args[0]
+            key = (x.dtype, x.data_ptr() % 16 == 0, args[1:], tuple(constexprs.items()),
+                   num_warps)
+            kernel = self.compiled.setdefault(key, FakeCompiled(self.log, f"k{len(self.compiled)}"))
+            self.log.append(("triton", kernel.name, grid, args))
+            return kernel
+        return launch
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    monkeypatch.setattr(_common, "_current_device", lambda: 0)
+    monkeypatch.setattr(Launcher, "verify", False)
+    monkeypatch.setattr(Launcher, "enabled", True)
+    monkeypatch.setattr(_common, "_stream_of", lambda device: 77)
+    fn = FakeJit()
+    lau = Launcher(fn)
+    lau.fast = True  # a stand-in for a compiled JIT function
+    return fn, lau
+
+
+def test_binds_once_then_launches_directly(launcher):
+    fn, lau = launcher
+    x = torch.zeros(64)
+    lau(("plan", 1), (4,), x, 64, 0, BLOCK=32, num_warps=4)
+    lau(("plan", 1), (4, 2), x, 64, 0, BLOCK=32, num_warps=4)
+    assert [e[0] for e in fn.log] == ["triton", "fast"]
+    kind, name, grid, stream, args = fn.log[1]
+    # every argument in declaration order, the constexprs after the runtime ones
+    assert (name, grid, stream, args) == ("k0", (4, 2, 1), 77, (x, 64, 0, 32))
+
+
+def test_new_spec_dtype_or_alignment_binds_again(launcher):
+    fn, lau = launcher
+    x = torch.zeros(64)
+    lau("a", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    lau("b", (1,), x, 65, 0, BLOCK=32, num_warps=4)           # another spec
+    lau("a", (1,), x[1:], 64, 0, BLOCK=32, num_warps=4)       # a pointer off 16 bytes
+    lau("a", (1,), x.double(), 64, 0, BLOCK=32, num_warps=4)  # another pointer dtype
+    assert [e[0] for e in fn.log] == ["triton"] * 4
+    lau("a", (1,), x[1:], 64, 0, BLOCK=32, num_warps=4)
+    assert fn.log[-1][:2] == ("fast", "k2")  # the kernel Triton bound for x[1:]
+
+
+def test_verify_catches_a_spec_that_misses_an_argument(launcher, monkeypatch):
+    fn, lau = launcher
+    x = torch.zeros(64)
+    lau("same", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    monkeypatch.setattr(Launcher, "verify", True)
+    lau("same", (1,), x, 64, 0, BLOCK=32, num_warps=4)  # the bound kernel: fine
+    assert [e[0] for e in fn.log] == ["triton", "triton"]
+    with pytest.raises(AssertionError, match="spec 'same'"):
+        lau("same", (1,), x, 64, -1, BLOCK=32, num_warps=4)  # flip is not in the spec
+
+
+def test_hooks_interpreter_and_switch_take_tritons_path(launcher, monkeypatch):
+    fn, lau = launcher
+    x = torch.zeros(64)
+    lau("s", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    hook = triton.knobs.runtime.launch_enter_hook  # a HookChain from triton 3.6 on
+
+    def probe(*args):
+        pass
+
+    hook.add(probe)
+    try:
+        assert not _common._hooks_idle()
+        lau("s", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    finally:
+        hook.remove(probe)
+    assert _common._hooks_idle()
+    monkeypatch.setattr(Launcher, "enabled", False)
+    lau("s", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    assert [e[0] for e in fn.log] == ["triton"] * 3
+
+
+def test_the_interpreter_never_binds():
+    from opselect.kernels import topk
+
+    if isinstance(topk._maxima_pass_kernel, triton.runtime.JITFunction):
+        pytest.skip("kernels are compiled here")
+    assert not topk._MAXIMA_PASS.fast
