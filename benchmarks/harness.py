@@ -77,6 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--part", default="",
                    help="i/n: only every n-th case from the i-th (1-based), to split a suite "
                         "over several runs; combine them with --merge")
+    p.add_argument("--deadline-s", type=float, default=0.0,
+                   help="start no case after this many seconds (0: no limit): a run that "
+                        "must end in time saves what it measured; the cases it left are "
+                        "listed, to run later with --filter and --merge")
+    p.add_argument("--merge-rows", default="",
+                   help="no run: fold the rows a killed run left ($OUT/<op>.rows.json, copied "
+                        "here) into the saved results of --gpu, as --merge does")
+    p.add_argument("--gpu", default="", help="with --merge-rows: the results folder (h200, ...)")
     p.add_argument("--merge", action="store_true",
                    help="fold this run into the saved results: its providers replace theirs in "
                         "the cases it ran, everything else is kept, the summary is redone")
@@ -134,8 +142,31 @@ def _fresh_cache(tag: str) -> str:
     return d
 
 
+def merge_rows(suite: Suite, args: argparse.Namespace) -> dict:
+    """--merge-rows: the saved results of args.gpu with the given rows laid over them, on any
+    machine (the copy bandwidth is the saved run's)."""
+    from opselect.dispatch import get_op
+
+    path = RESULTS / args.gpu / f"{suite.op}.json"
+    result = json.loads(path.read_text())
+    bw = result["copy_bandwidth_GBps"] * 1e9
+    op = get_op(suite.op)
+    rows = _merged(path, json.loads(Path(args.merge_rows).read_text()), suite, op, bw)
+    result["summary"] = _summarise(rows, bw)
+    if suite.targets:
+        result["summary"].update(suite.targets(rows, result["summary"]))
+    result["rows"] = rows
+    md = markdown(result)
+    path.write_text(json.dumps(result, indent=1, default=_json_default))
+    path.with_suffix(".md").write_text(md)
+    print(md)
+    return result
+
+
 def run(suite: Suite, argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.merge_rows:
+        return merge_rows(suite, args)
     import opselect
     from opselect.dispatch import get_op
 
@@ -151,10 +182,15 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
 
     part, parts = (int(v) for v in args.part.split("/")) if args.part else (1, 1)
     rows = []
+    started = time.monotonic()
+    left: list[str] = []
     for index, case in enumerate(suite.cases):
         if args.filter and not any(part in case.name for part in args.filter.split("|")):
             continue
         if index % parts != part - 1:
+            continue
+        if args.deadline_s and time.monotonic() - started > args.deadline_s:
+            left.append(case.name)
             continue
         torch.manual_seed(0)
         inputs = case.make(device)
@@ -195,10 +231,15 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
         _derive(row, op, bw)
         rows.append(row)
         print(_line(row), flush=True)
+        if os.environ.get("OUT"):  # what a run killed for time leaves (see --merge-rows)
+            Path(os.environ["OUT"], f"{suite.op}.rows.json").write_text(
+                json.dumps(rows, indent=1, default=_json_default))
         del inputs, a, kw, ref, providers
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    if left:
+        print(f"# past the deadline, not run: {'|'.join(left)}", flush=True)
     if args.merge:
         rows = _merged(RESULTS / slug / f"{suite.op}.json", rows, suite, op, bw)
     summary = _summarise(rows, bw)

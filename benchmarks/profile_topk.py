@@ -30,6 +30,14 @@ CASES = [((100_000,), 64, torch.float32), ((1_000_000,), 64, torch.float32),
 BACKENDS = ("torch", "radix", "tournament", "maxima")
 
 
+def selected(cases, wanted: list[str]):
+    """(label, input, k) of the cases whose label contains one of `wanted` (all if empty)."""
+    for shape, k, dtype in cases:
+        label = f"{'x'.join(map(str, shape))} {str(dtype)[6:]} k={k}"
+        if not wanted or any(w in label for w in wanted):
+            yield label, torch.randn(shape, device="cuda").to(dtype), k
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype.is_floating_point:
         return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
@@ -61,11 +69,7 @@ def main() -> None:
     extra = json.loads(args.configs)
     wanted = [w for w in args.cases.split("|") if w]
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for shape, k, dtype in CASES:
-        label = f"{'x'.join(map(str, shape))} {str(dtype)[6:]} k={k}"
-        if wanted and not any(w in label for w in wanted):
-            continue
-        x = torch.randn(shape, device="cuda").to(dtype)
+    for label, x, k in selected(CASES, wanted):
         ref = torch.topk(x, k)
         per = _profile(lambda: torch.amax(x, -1), flush)
         print(f"{label:>28} {'amax':>13}: device {sum(per.values()):7.1f} us (one read)")
