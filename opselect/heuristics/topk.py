@@ -6,8 +6,9 @@ at least and writes R * k values and int64 indices; they differ in the passes ov
 and the latency of the per-row finishing work (radix: a search over a few thousand survivors and
 an in-register sort of the k winners, one program per row).
 
-The constants below are estimates from instruction counts and latencies, not yet measured on a
-GPU; `opselect calibrate` corrects each backend's total through model.scales["topk/<backend>"].
+The constants below started as estimates from instruction counts and latencies and were then fitted
+to the H200 benchmark (benchmarks/results/h200/topk.json; tools/model_regret.py shows the fit);
+`opselect calibrate` corrects each backend's total through model.scales["topk/<backend>"].
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ SORT_ROUND_LATENCY = 0.02e-6  # one round of the in-register bitonic sort of the
 # Warps an SM keeps busy with latency-bound per-row programs (about 128 registers a thread):
 # programs of 4 warps overlap four rows per SM, programs of 16 warps none.
 WARPS_PER_SM = 16
+# tournament's chunk loop (a tile loaded, then reduced) keeps few loads in flight: each resident
+# warp streams about this many bytes per second (H200: 1.6e7 elements in 123 programs of 8
+# warps, 0.09 ms; 1.3e8 in 512 programs of 4 warps, 0.33 ms).
+TOURNAMENT_WARP_BANDWIDTH = 0.8e9
 # One program streaming its own row (fused mode) reads at about this rate.
 PROGRAM_BANDWIDTH = 60e9
 # torch.topk (ATen's multi-block radix select, torch 2.11-2.13): each of its digit passes
@@ -37,21 +42,37 @@ PROGRAM_BANDWIDTH = 60e9
 TORCH_ELEMENTS_PER_S = 2.6e11
 TORCH_PASS_FIXED = 12e-6  # per digit pass (its scan of the digit counts): 100K elements, 51 us
 TORCH_GATHER_EFFICIENCY = 0.3
+# torch.topk's sorted results cost about this times k ** 0.4 beyond k = 1 (H200, one row of
+# 1e5 to 1.6e7: +7 us at k = 64, +22 at 1024, +67 at 16384; unsorted results save it).
+TORCH_SORT_K = 1.3e-6
+# torch.sort of several rows is a segmented sort: a larger fixed cost and more passes than one
+# flat sort of as many keys (H200: 32 x 8192 takes 0.10 ms, 16 x 1e6 twice one row of 1.6e7).
+SEGMENTED_SORT_FIXED = 90e-6
+SEGMENTED_SORT_FACTOR = 1.7
+# Host time of one launch through a bound Launcher (kernels/_common.py): the compiled kernel
+# called directly, about a third of Triton's own launch path.
+BOUND_LAUNCH = 5e-6
 # radix: sampling, the cooperative wait and the one-program finisher cost about this much
 # device time whatever the row (H200, 16M elements k = 1: 0.09 ms, of which 0.02 is reading).
 RADIX_FIXED = 55e-6
+# radix's filter streams long rows at about this part of copy bandwidth (H200: 1.3e8 elements,
+# k = 1, 0.27 ms; 1.6e7, 0.075 ms).
+RADIX_PASS_EFFICIENCY = 0.6
 # radix with one program per row (fused): each wave of programs takes about this long beyond
 # its reading (H200: 256 x 50000 k = 1, one wave, 0.12 ms; 4096 x 32000 bf16, 8 waves, 0.77).
 RADIX_FUSED_WAVE = 90e-6
-# bitonic networks wider than a warp's registers exchange through shared memory: their
-# rounds cost more per element (32 x 8192, k = 8192: 0.2 ms on the H200).
+# bitonic merges wider than a warp's registers exchange through shared memory: their rounds
+# cost more per element, the more so the wider (H200: 32 x 8192, k = 8192, a full sort: 0.2 ms;
+# k = 32 merges stay narrow, only the halvings are wide).
 BITONIC_WIDE = 1024
 # maxima: launch 2's dependent steps (cut, scan, gather, wait, rank) on an idle chip, and per
 # winner (the wider search and ranking; H200, 16M elements: 8 us at k = 1, 14 us at 1024).
-MAXIMA_SELECT = 8e-6
+# The end-to-end fit (do_bench, H200) adds the gap between the two launches: 1e5 elements
+# take 13 us, 1.6e7 33 us at k = 1 and 39 at 1024, 1.3e8 0.15 and 0.16 ms.
+MAXIMA_SELECT = 12e-6
 MAXIMA_PER_K = 6e-9
 MAXIMA_PER_PROGRAM = 50e-9  # launch-2 programs beyond the chip's first wave queue up
-MAXIMA_PASS_EFFICIENCY = 0.75  # of copy bandwidth, reading with evict-first
+MAXIMA_PASS_EFFICIENCY = 0.85  # of copy bandwidth, reading with evict-first
 
 
 def _sizes(call):
@@ -93,7 +114,7 @@ def torch_(call, model):
                  gather=model.stream(R * N * s) / TORCH_GATHER_EFFICIENCY,
                  out=model.stream(_out_bytes(call)))
     if call.sorted and k > 1:
-        parts["sort_k"] = model.sort(R * k, s, 8) * 0.5
+        parts["sort_k"] = max(TORCH_SORT_K * k ** 0.4, model.sort(R * k, s, 8) * 0.5)
     return model.estimate(OP, "torch", triton=False, **parts)
 
 
@@ -103,9 +124,17 @@ def sort(call, model):
         return done
     R, N, k, s = _sizes(call)
     # torch.sort, then the two slices made contiguous: host-bound for small rows (65 us).
-    return model.estimate(OP, "sort", triton=False, sort=model.sort(R * N, s, 8),
+    return model.estimate(OP, "sort", triton=False, sort=_torch_sort(model, R, N, s),
                           launch=8 * model.torch_launch,
                           slice=model.stream(2 * _out_bytes(call)))
+
+
+def _torch_sort(model, rows: int, n: int, s: int) -> float:
+    """torch.sort of `rows` rows of n keys (with int64 indices) along the last dim."""
+    flat = model.sort(rows * n, s, 8)
+    if rows <= 1:
+        return flat
+    return SEGMENTED_SORT_FIXED + SEGMENTED_SORT_FACTOR * max(0.0, flat - model.sort_fixed)
 
 
 def _search_steps(key_bits: int, survivors: bool) -> float:
@@ -153,26 +182,27 @@ def radix(call, model, plan):
     notes: tuple[str, ...] = ()
     waves = math.ceil(R / (sms * max(1, WARPS_PER_SM // plan.warps)))
     if plan.mode == "direct":
-        host += model.launch + _alloc(2, model)
+        host += BOUND_LAUNCH + _alloc(2, model)
         parts["memory"] = memory
-        parts["finish"] = waves * finish
+        # Its search reduces over the whole row at every step (H200: 1024 x 4096, 71 us).
+        parts["finish"] = waves * finish * max(1.0, N / 1024)
         notes = ("one program per row selects from the whole row",)
     elif plan.mode == "fused":
-        host += model.launch + _alloc(3, model)
+        host += BOUND_LAUNCH + _alloc(3, model)
         # Each program streams its own row: many rows fill the chip, few leave it idle.
         parts["memory"] = max(memory, alu, waves * N * s / PROGRAM_BANDWIDTH)
         parts["finish"] = waves * (finish + RADIX_FUSED_WAVE)
     else:
         launches = 1 if plan.mode == "coop" else 2
-        host += launches * model.launch + _alloc(3, model)
+        host += launches * BOUND_LAUNCH + _alloc(3, model)
         if plan.mode == "coop":
             host += 0.5 * model.torch_launch  # the zeroed workspace (a memset)
-        parts["memory"] = max(memory, alu)
+        parts["memory"] = max(memory / RADIX_PASS_EFFICIENCY, alu)
         parts["sample"] = RADIX_FIXED + model.stream(R * plan.sample * 32)
         # The last program of each row finishes it; rows finish in parallel.
         parts["finish"] = finish
     if plan.sort_after:
-        parts["sort_k"] = model.sort(R * k, s, 8)
+        parts["sort_k"] = _torch_sort(model, R, k, s)
         host += 2 * model.torch_launch
     host += _reshape_host(call, model)
     return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
@@ -185,15 +215,18 @@ def tournament(call, model, plan):
     R, N, k, s = _sizes(call)
     sms = max(1, model.sm_count)
     parts = _copy(call, model)
-    host = parts.pop("copy_host", 0.0) + model.launch + _alloc(3, model)
+    host = parts.pop("copy_host", 0.0) + BOUND_LAUNCH + _alloc(3, model)
     if plan.NB > 1:
         host += 0.5 * model.torch_launch  # the zeroed tickets (a memset)
     host += _reshape_host(call, model)
     programs = R * plan.NB
     waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.warps)))
-    # The input once, the group maxima written and read back (through L2, often not DRAM).
+    # The input once, the group maxima written and read back (through L2, often not DRAM),
+    # at the rate the resident warps stream it.
     memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.MAXP * 4)
-    parts["memory"] = max(memory, waves * plan.CPP * s / PROGRAM_BANDWIDTH)
+    resident = min(programs / sms, max(1, WARPS_PER_SM // plan.warps)) * plan.warps
+    streamed = R * N * s / (min(programs, sms) * resident * TOURNAMENT_WARP_BANDWIDTH)
+    parts["memory"] = max(memory, streamed)
     # Per program: the cut among the maxima, the hot groups re-read, their k largest.
     steps = _search_steps(32, True)
     sort_k = _sort_latency(plan.KP) if call.sorted else 0.0
@@ -212,7 +245,7 @@ def maxima(call, model, plan):
     R, N, k, s = _sizes(call)
     key_bits = 64 if s == 8 else 32
     parts = _copy(call, model)
-    host = parts.pop("copy_host", 0.0) + 2 * model.launch + _alloc(3, model)
+    host = parts.pop("copy_host", 0.0) + 2 * BOUND_LAUNCH + _alloc(3, model)
     host += _reshape_host(call, model)
     # Launch 1 streams the rows and writes the group and supergroup maxima.
     maxima_bytes = R * (plan.NGR + plan.SR) * key_bits / 8
@@ -224,7 +257,7 @@ def maxima(call, model, plan):
     parts["select"] = (MAXIMA_SELECT + MAXIMA_PER_K * k + MAXIMA_PER_PROGRAM * R * plan.NB2
                        + model.stream(_out_bytes(call)))
     if plan.sort_after:
-        parts["sort_k"] = model.sort(R * k, s, 8)
+        parts["sort_k"] = _torch_sort(model, R, k, s)
         host += 2 * model.torch_launch
     return model.estimate(OP, "maxima", triton=True, launch=host, **parts)
 
@@ -255,7 +288,7 @@ def bitonic(call, model):
     npow = 1 << max(0, (N - 1).bit_length())
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
-    ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, npow / BITONIC_WIDE)
+    ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, kpow / BITONIC_WIDE) ** 1.5
     host = model.launch + _alloc(2, model) + _reshape_host(call, model)
     parts = dict(memory=model.stream(R * N * s + _out_bytes(call)),
                  network=ops / (sms * ALU_PER_SM))

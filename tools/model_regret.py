@@ -1,0 +1,77 @@
+"""The cost model's picks against a committed benchmark, without a GPU.
+
+For each case of an op's saved results (benchmarks/results/<gpu>/<op>.json), the model's estimate
+of every backend (host and device parts), its pick (as the dispatcher makes it: the cheapest, or
+torch unless a backend is 7% cheaper), and the regret of that pick against the best measured
+backend; then the regret's geometric mean and 90th percentile, the issue's cold-start measure.
+
+    python tools/model_regret.py topk h200
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+from opselect.dispatch import get_op  # noqa: E402
+from opselect.dispatch.device import DeviceInfo  # noqa: E402
+from opselect.heuristics.device_model import defaults_for  # noqa: E402
+
+GPUS = {"h200": ("NVIDIA H200", 141), "h100": ("NVIDIA H100 80GB HBM3", 80)}
+
+
+def main(op_name: str, gpu: str) -> None:
+    import importlib
+
+    bench = importlib.import_module(f"bench_{op_name}")
+    name, mem = GPUS[gpu]
+    info = DeviceInfo(type="cuda", index=0, name=name, capability=(9, 0), sm_count=132,
+                      l2_bytes=60 * 2**20, memory_bytes=mem * 2**30)
+    model = defaults_for(info)
+    op = get_op(op_name)
+    rows = {r["case"]: r for r in
+            json.loads((ROOT / "benchmarks/results" / gpu / f"{op_name}.json").read_text())["rows"]}
+    regrets = []
+    for case in bench.FULL:
+        label = bench._name(*case)
+        shape, dtype, k, opts = case
+        x = torch.empty(shape, dtype=dtype, device="meta")
+        call = op.prepare(x, k, opts.get("dim", -1), opts.get("largest", True),
+                          opts.get("sorted", True))
+        call.info = info
+        est = {b.name: b.cost(call, model) for b in op.backends if b.supports(call) is None}
+        pick = min(est, key=lambda b: est[b].seconds)
+        if pick != "torch" and est[pick].seconds > 0.93 * est["torch"].seconds:
+            pick = "torch"
+        measured = {b: v for b, v in rows.get(label, {}).get("ms", {}).items()
+                    if b in est and v}
+        line = f"{label:<40} pick={pick:<10}"
+        for b, e in est.items():
+            host = e.parts.get("launch", 0.0)
+            dev = sum(v for key, v in e.parts.items() if key != "launch")
+            got = f"/{measured[b] * 1e3:.0f}" if b in measured else ""
+            line += f" {b[:4]}={dev * 1e6:.0f}+{host * 1e6:.0f}h{got}"
+        if measured and pick in measured:
+            regret = measured[pick] / min(measured.values())
+            regrets.append(regret)
+            line += f" | best={min(measured, key=measured.get)} regret={regret:.2f}"
+        print(line)
+    if regrets:
+        regrets.sort()
+        p90 = regrets[min(len(regrets) - 1, math.ceil(0.9 * len(regrets)) - 1)]
+        geo = math.exp(sum(map(math.log, regrets)) / len(regrets))
+        print(f"{len(regrets)} cases: regret geomean {geo:.3f}, p90 {p90:.3f}")
+
+
+if __name__ == "__main__":
+    main(*(sys.argv[1:3] if len(sys.argv) > 2 else ("topk", "h200")))
