@@ -31,7 +31,6 @@ def flat(t: torch.Tensor) -> torch.Tensor:
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-
 class Launcher:
     """Launches one @triton.jit kernel; after the first launch of a specialization, straight
     through the compiled kernel.
@@ -105,8 +104,8 @@ def _current_stream(device: int) -> int:
     return _stream_of(device)
 
 
-# torch.cuda.current_device() less its lazy-init check (a Launcher is only used once a
-# kernel has launched, so CUDA is initialised).
+# torch.cuda.current_device() less its lazy-init check (a Launcher's tensors are on the GPU, so
+# CUDA is initialised).
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _RUNTIME_KNOBS = triton.knobs.runtime
 
