@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
                 args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("cpu"))
                 call = op.prepare(*args, **kwargs)
                 # Size grids and pick configs as for an H100/H200, not for this CPU.
-                call.info = dataclasses.replace(call.info, sm_count=132)
+                call.info = dataclasses.replace(call.info, sm_count=132, capability=(9, 0))
             except Exception as exc:  # noqa: BLE001
                 print(f"FAIL {op.name} {shapes} {dtype}: sample/prepare: {exc}")
                 failures += 1

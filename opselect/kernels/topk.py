@@ -57,6 +57,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..dispatch.backend import Backend, Estimate, TorchBackend
 from ..dispatch.device import device_info
@@ -85,6 +86,10 @@ SORT_MAX = 1024
 # within one program per SM so they are all resident. Where fewer SMs than the device reports
 # are available to this process (MPS limits, green contexts), set OPSELECT_TOPK_COOP=0.
 COOP_ALLOWED = os.environ.get("OPSELECT_TOPK_COOP", "1") != "0"
+# maxima's second launch is a programmatic dependent launch on Hopper and later (sm_90+): it is
+# scheduled while the first one's last programs run and waits for them in the kernel, which
+# hides the gap between the two launches. OPSELECT_TOPK_PDL=0 turns it off.
+PDL_ALLOWED = os.environ.get("OPSELECT_TOPK_PDL", "1") != "0"
 # int64 counters per row in the radix workspace (see _radix_filter_kernel).
 COUNTERS: tl.constexpr = tl.constexpr(8)
 # How often a program of the one-launch mode polls for the rest of its row before giving up
@@ -820,7 +825,8 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
 @triton.jit(do_not_specialize=["flip", "off_smax", "off_gmax", "NGR", "SR"])
 def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, NGR, SR, CPP, flip,
                         G: tl.constexpr, TILE: tl.constexpr, SG: tl.constexpr,
-                        EVICT: tl.constexpr, IS_FLOAT: tl.constexpr, KEY64: tl.constexpr):
+                        EVICT: tl.constexpr, IS_FLOAT: tl.constexpr, KEY64: tl.constexpr,
+                        PDL: tl.constexpr):
     """Launch 1 of maxima: program p of row r streams the chunk [p * CPP, (p + 1) * CPP) once
     and writes the maximum key of each group of G elements and of each supergroup of SG
     elements, the next tile loading while the current one is reduced. No search and no
@@ -830,7 +836,12 @@ def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, NGR, S
     One program a chunk, not persistent programs taking chunks in turn: the persistent loop
     (its next address computed in 64 bits every step) took 110 registers instead of 78, so
     two programs fit an SM instead of three, and measured slower on the H200 (16M elements
-    22 -> 26 us, 130M 130 -> 165 us)."""
+    22 -> 26 us, 130M 130 -> 165 us).
+
+    PDL: launch 2 may be scheduled once every program here has started (it waits for this
+    launch to finish before it reads anything)."""
+    if PDL:
+        gdc_launch_dependents()
     r = tl.program_id(0)
     p = tl.program_id(1)
     r64 = r.to(tl.int64)
@@ -974,7 +985,7 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
                           COOP: tl.constexpr, SP: tl.constexpr, G: tl.constexpr,
                           GT2: tl.constexpr, HG: tl.constexpr, CB: tl.constexpr,
                           UB: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr,
-                          KEY64: tl.constexpr):
+                          KEY64: tl.constexpr, PDL: tl.constexpr):
     """Launch 2 of maxima: NB2 programs per row.
 
       1. T = a supergroup maximum that k to k_hi of the row's S supergroup maxima reach (the
@@ -993,6 +1004,8 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
          always does. A survivor list past its capacity (rows whose large values cluster,
          sorted rows for one) sends the last program to select from the whole row: slow,
          always exact."""
+    if PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): launch 1's writes first
     r = tl.program_id(0)
     j = tl.program_id(1)
     r64 = r.to(tl.int64)
@@ -1695,7 +1708,7 @@ class MaximaPlan:
     ranked CB at a time against UB at a time."""
 
     __slots__ = ("G", "TILE", "CPP", "NB", "evict", "SG", "S", "SR", "NG", "NGR", "SP",
-                 "NB2", "coop", "GPP", "GT2", "HG", "k_hi", "CAP", "EQ_CAP", "FT", "CB", "UB",
+                 "NB2", "coop", "pdl", "GPP", "GT2", "HG", "k_hi", "CAP", "EQ_CAP", "FT", "CB", "UB",
                  "sort_after", "warps1", "warps2", "offsets", "ws_elems", "reason")
 
     __repr__ = RadixPlan.__repr__
@@ -1747,6 +1760,7 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     # Launch 2: enough programs to spread the group scans and gathers over the chip; where
     # they wait for each other (coop), one per SM at most, so that all are resident.
     p.coop = config.get("COOP", True) and COOP_ALLOWED
+    p.pdl = config.get("PDL", True) and PDL_ALLOWED
     per_sm = 1 if p.coop else config.get("PPS2", 2)
     p.NB2 = max(1, min(sms * per_sm // R, cdiv(p.NG, 256)))
     p.GPP = cdiv(p.NG, p.NB2)
@@ -1849,8 +1863,10 @@ class MaximaBackend(Backend):
         ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
         off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.offsets
         flip = 0 if call.largest else -1
-        spec = (p, row_stride, flip)  # the plan fixes every other integer and constexpr
-        flags = dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype))
+        # griddepcontrol needs sm_90; the interpreter has no such instruction.
+        pdl = p.pdl and not call.info.interpreted and (call.info.capability or (0, 0)) >= (9, 0)
+        spec = (p, row_stride, flip, pdl)  # the plan fixes every other integer and constexpr
+        flags = dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), PDL=pdl)
         _MAXIMA_PASS(spec, (R, p.NB),
                      x, ws, off_smax, off_gmax, N, row_stride, p.NGR, p.SR, p.CPP, flip,
                      G=p.G, TILE=p.TILE, SG=p.SG, EVICT=p.evict, num_warps=p.warps1, **flags)
@@ -1858,7 +1874,7 @@ class MaximaBackend(Backend):
                        x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
                        N, row_stride, k, p.k_hi, p.NGR, p.SR, p.NG, p.S, p.GPP, p.NB2, p.CAP,
                        p.EQ_CAP, flip, COOP=p.coop, SP=p.SP, G=p.G, GT2=p.GT2, HG=p.HG,
-                       CB=p.CB, UB=p.UB, FT=p.FT, num_warps=p.warps2, **flags)
+                       CB=p.CB, UB=p.UB, FT=p.FT, num_warps=p.warps2, launch_pdl=pdl, **flags)
         if p.sort_after:
             values, order = torch.sort(values, dim=-1, descending=call.largest)
             indices = indices.gather(-1, order)
