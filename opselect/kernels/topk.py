@@ -1708,8 +1708,8 @@ class MaximaPlan:
     ranked CB at a time against UB at a time."""
 
     __slots__ = ("G", "TILE", "CPP", "NB", "evict", "SG", "S", "SR", "NG", "NGR", "SP",
-                 "NB2", "coop", "pdl", "GPP", "GT2", "HG", "k_hi", "CAP", "EQ_CAP", "FT", "CB", "UB",
-                 "sort_after", "warps1", "warps2", "offsets", "ws_elems", "reason")
+                 "NB2", "coop", "pdl", "GPP", "GT2", "HG", "k_hi", "CAP", "EQ_CAP", "FT", "CB",
+                 "UB", "sort_after", "warps1", "warps2", "offsets", "ws_elems", "reason")
 
     __repr__ = RadixPlan.__repr__
 
