@@ -244,7 +244,7 @@ def test_radix_buffer_overflow(cpu_triton):
     x = torch.randn(1, 3000)
     _, call, backend = plan_of(x, 25)
     cfg = dict(backend.configs(call)[0])
-    plan = K._cached_plan(call, cfg)
+    plan = K.OP.backend("radix")._plan(call, cfg)
     plan.CAP = 26  # survivors beyond this are dropped, the counts still say how many there were
     try:
         values, indices = backend.run(call, cfg)
@@ -261,7 +261,7 @@ def test_radix_long_survivor_lists(cpu_triton):
     call = K.prepare(x, 300)
     backend = K.OP.backend("radix")
     cfg = {"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "EXACT": True}
-    plan = K._cached_plan(call, cfg)
+    plan = K.OP.backend("radix")._plan(call, cfg)
     assert plan.mode == "split" and plan.CAP > plan.FT
     values, indices = backend.run(call, cfg)
     ref = torch.topk(x, 300)
@@ -279,7 +279,7 @@ def test_radix_one_launch_kernel(cpu_triton, dtype):
     call = K.prepare(x, 70)
     backend = K.OP.backend("radix")
     cfg = dict(backend.configs(call)[0])
-    plan = K._cached_plan(call, cfg)
+    plan = K.OP.backend("radix")._plan(call, cfg)
     assert plan.mode == "split"
     tops = plan.SB * plan.MS  # the same room in the workspace, one block of tops per row
     plan.mode, plan.B, plan.SB = "coop", 1, 1
@@ -302,7 +302,7 @@ def test_radix_one_launch_gives_up_waiting(cpu_triton, monkeypatch):
     x = torch.randn(1, 2400)
     call = K.prepare(x, 40)
     cfg = {"COOP": True, "TILE": 256, "SS": 128, "FT_MAX": 512, "SMS": 2, "EXACT": True}
-    plan = K._cached_plan(call, cfg)
+    plan = K.OP.backend("radix")._plan(call, cfg)
     assert plan.mode == "coop" and plan.B == 2
     try:
         values, indices = K.OP.backend("radix").run(call, cfg)
@@ -352,25 +352,21 @@ def run_forced(name: str, x: torch.Tensor, k: int, config: dict, **flags):
     return plan
 
 
-def run_tournament(x: torch.Tensor, k: int, config: dict, **flags):
-    return run_forced("tournament", x, k, config, **flags)
-
-
-def tournament_configs(x: torch.Tensor, k: int) -> list[dict]:
-    return K.OP.backend("tournament").configs(K.prepare(x, k))
+def configs_of(name: str, x: torch.Tensor, k: int) -> list[dict]:
+    return K.OP.backend(name).configs(K.prepare(x, k))
 
 
 def test_tournament_shared_and_single_rows(cpu_triton):
     # Config 0 splits a row over programs (each keeps its chunk's winners, the last one merges
     # them); config 1 gives each row one program. Both stream several tiles per program.
     x = torch.randn(2, 3000)
-    shared, single = tournament_configs(x, 40)
-    plan = run_tournament(x, 40, shared)
+    shared, single = configs_of("tournament", x, 40)
+    plan = run_forced("tournament", x, 40, shared)
     assert plan.NB > 1 and plan.CPP > plan.TILE
-    plan = run_tournament(x, 40, single)
+    plan = run_forced("tournament", x, 40, single)
     assert plan.NB == 1 and plan.CPP > plan.TILE
-    run_tournament(x, 40, shared, largest=False, sorted=False)
-    run_tournament(x, 1, single, largest=False)
+    run_forced("tournament", x, 40, shared, largest=False, sorted=False)
+    run_forced("tournament", x, 1, single, largest=False)
 
 
 def test_tournament_tied_maxima_take_the_whole_chunk(cpu_triton):
@@ -378,10 +374,10 @@ def test_tournament_tied_maxima_take_the_whole_chunk(cpu_triton):
     # more than the hot list holds, and each chunk is selected whole (indices moved by the
     # chunk's start where a row is shared).
     x = torch.randint(0, 3, (2, 3000)).float()
-    for config in tournament_configs(x, 8):
-        plan = run_tournament(x, 8, config)
+    for config in configs_of("tournament", x, 8):
+        plan = run_forced("tournament", x, 8, config)
         assert -(-min(3000, plan.CPP) // plan.G) > plan.HOT
-        run_tournament(x, 8, config, largest=False)
+        run_forced("tournament", x, 8, config, largest=False)
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -391,8 +387,8 @@ def test_property_tournament(cpu_triton, n, data):
     k = data.draw(st.integers(1, min(n, 64)))
     spread = data.draw(st.sampled_from((4, 1000, 10**6)))
     x = torch.randint(-spread, spread, (data.draw(st.integers(1, 3)), n)).float()
-    configs = tournament_configs(x, k)
-    run_tournament(x, k, data.draw(st.sampled_from(configs)),
+    configs = configs_of("tournament", x, k)
+    run_forced("tournament", x, k, data.draw(st.sampled_from(configs)),
                    largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()))
 
 
@@ -415,23 +411,15 @@ def test_tournament_plans_stay_in_bounds():
 # ---------------------------------------------------------------------------------------------
 # the maxima backend's paths (interpreter plans: tiles of 32-64, groups of 4-8)
 # ---------------------------------------------------------------------------------------------
-def run_maxima(x: torch.Tensor, k: int, config: dict, **flags):
-    return run_forced("maxima", x, k, config, **flags)
-
-
-def maxima_configs(x: torch.Tensor, k: int) -> list[dict]:
-    return K.OP.backend("maxima").configs(K.prepare(x, k))
-
-
 def test_maxima_configs_and_flags(cpu_triton):
     # One row over many programs in both launches; several rows; each config, both directions.
     x = torch.randn(1, 3000)
-    for config in maxima_configs(x, 20):
-        plan = run_maxima(x, 20, config)
+    for config in configs_of("maxima", x, 20):
+        plan = run_forced("maxima", x, 20, config)
         assert plan.NB > 1 and plan.NB2 > 1 and plan.S >= 2 * 20
-        run_maxima(x, 20, config, largest=False, sorted=False)
-        run_maxima(x, 1, config)
-    run_maxima(torch.randn(3, 900), 30, maxima_configs(x, 30)[0], largest=False)
+        run_forced("maxima", x, 20, config, largest=False, sorted=False)
+        run_forced("maxima", x, 1, config)
+    run_forced("maxima", torch.randn(3, 900), 30, configs_of("maxima", x, 30)[0], largest=False)
 
 
 def test_maxima_coop_ranking(cpu_triton):
@@ -439,10 +427,10 @@ def test_maxima_coop_ranking(cpu_triton):
     # candidates. The interpreter runs programs one after another, so only a row with one
     # program in launch 2 can wait here (rows of several programs: gpu tests).
     x = random_input((3, 2000), torch.float32, seed=4)
-    config = dict(maxima_configs(x, 25)[0], COOP=True, SMS=3)
-    plan = run_maxima(x, 25, config)
+    config = dict(configs_of("maxima", x, 25)[0], COOP=True, SMS=3)
+    plan = run_forced("maxima", x, 25, config)
     assert plan.coop and plan.NB2 == 1
-    run_maxima(x, 25, config, largest=False)
+    run_forced("maxima", x, 25, config, largest=False)
 
 
 def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
@@ -451,8 +439,8 @@ def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
     # row's last program it ranks all of them. Same values written twice: still exact.
     monkeypatch.setattr(K, "SPIN_LIMIT", K.tl.constexpr(3))
     x = torch.randn(1, 3000)
-    config = dict(maxima_configs(x, 40)[0], COOP=True, SMS=2, UB=16)
-    plan = run_maxima(x, 40, config)
+    config = dict(configs_of("maxima", x, 40)[0], COOP=True, SMS=2, UB=16)
+    plan = run_forced("maxima", x, 40, config)
     assert plan.coop and plan.NB2 == 2  # (UB=16: candidates re-read 16 at a time)
 
 
@@ -462,27 +450,28 @@ def test_maxima_survivor_overflow_takes_the_whole_row(cpu_triton, dtype):
     # maximum) lets through far more than the buffer holds; the last program selects from the
     # whole row (64-bit keys come back unordered and torch.sort orders them).
     x = torch.arange(4000, dtype=dtype).reshape(1, -1)
-    config = dict(maxima_configs(x, 30)[0], CAP=40)
-    run_maxima(x, 30, config)
-    run_maxima(x, 30, config, largest=False)
-    run_maxima(x.flip(-1), 30, config, sorted=False)
+    config = dict(configs_of("maxima", x, 30)[0], CAP=40)
+    run_forced("maxima", x, 30, config)
+    run_forced("maxima", x, 30, config, largest=False)
+    run_forced("maxima", x.flip(-1), 30, config, sorted=False)
 
 
 def test_maxima_ties_at_the_cut(cpu_triton):
     # Few distinct values: fewer than k keys exceed the cut, the rest are its ties.
     x = torch.randint(0, 3, (2, 1200)).float()
-    run_maxima(x, 60, maxima_configs(x, 60)[0])
-    run_maxima(x, 60, maxima_configs(x, 60)[1], largest=False, sorted=False)
-    run_maxima(torch.full((1, 1000), 5, dtype=torch.int16), 40, maxima_configs(x, 40)[0])
+    run_forced("maxima", x, 60, configs_of("maxima", x, 60)[0])
+    run_forced("maxima", x, 60, configs_of("maxima", x, 60)[1], largest=False, sorted=False)
+    run_forced("maxima", torch.full((1, 1000), 5, dtype=torch.int16), 40,
+               configs_of("maxima", x, 40)[0])
 
 
 def test_maxima_64_bit_keys(cpu_triton):
     x = torch.randn(2, 2500, dtype=torch.float64)
     x[0, 100:120] = float("nan")
-    run_maxima(x, 50, maxima_configs(x, 50)[0])
+    run_forced("maxima", x, 50, configs_of("maxima", x, 50)[0])
     big = torch.randint(-(1 << 62), 1 << 62, (2, 2500), dtype=torch.int64)
     big[1, 7] = torch.iinfo(torch.int64).min
-    run_maxima(big, 40, maxima_configs(big, 40)[1], largest=False)
+    run_forced("maxima", big, 40, configs_of("maxima", big, 40)[1], largest=False)
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -492,7 +481,7 @@ def test_property_maxima(cpu_triton, n, data):
     rows = data.draw(st.integers(1, 3))
     spread = data.draw(st.sampled_from((4, 1000, 10**6)))
     x = torch.randint(-spread, spread, (rows, n)).float()
-    config = data.draw(st.sampled_from(maxima_configs(x, 1)))
+    config = data.draw(st.sampled_from(configs_of("maxima", x, 1)))
     top = 0
     while top < n and K.maxima_plan(rows, n, top + 1, x.dtype, True, 4, config).reason is None:
         top += 1
@@ -501,7 +490,8 @@ def test_property_maxima(cpu_triton, n, data):
             ops.topk(x, 1, backend="maxima")
         return
     k = data.draw(st.integers(1, top))
-    run_maxima(x, k, config, largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()))
+    run_forced("maxima", x, k, config, largest=data.draw(st.booleans()),
+               sorted=data.draw(st.booleans()))
 
 
 def test_maxima_plans_stay_in_bounds():

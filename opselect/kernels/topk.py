@@ -1427,29 +1427,60 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
     return p
 
 
-def _memo_plan(cache: dict, key: tuple, make):
-    """The plan for `key` from `cache`, made by make() on the first call only: a backend's
-    launch parameters depend on the call's sizes and config alone, and a call's key repeats far
-    more often than it changes (the cache is simply cleared if it ever grows large)."""
-    plan = cache.get(key)
-    if plan is None:
-        if len(cache) > 4096:
-            cache.clear()
-        plan = cache[key] = make()
-    return plan
+_PLANS: dict[tuple, object] = {}  # every planned backend's plans, keyed by its name first
 
 
-_PLANS: dict[tuple, RadixPlan] = {}
+class _PlannedBackend(Backend):
+    """A backend whose launches follow a plan: launch parameters made by _make_plan from the
+    call's sizes, dtype, order flag and SM count and a config. Plans are memoized in _PLANS: a
+    call's key repeats far more often than it changes (the memo is simply cleared if it ever
+    grows large), and the plan object is also the Launchers' spec."""
+
+    #: the heuristics' cost of a plan: (call, model, plan) -> Estimate
+    _cost = None
+
+    def _make_plan(self, call: TopkCall, config: dict, sms: int):
+        raise NotImplementedError
+
+    def _plan(self, call: TopkCall, config: dict):
+        key = (self.name, call.R, call.N, call.k, call.input.dtype, call.sorted,
+               call.info.sm_count, tuple(sorted(config.items())))
+        plan = _PLANS.get(key)
+        if plan is None:
+            if len(_PLANS) > 4096:
+                _PLANS.clear()
+            plan = _PLANS[key] = self._make_plan(call, dict(config), call.info.sm_count)
+        return plan
+
+    def plan(self, call: TopkCall, config: dict | None = None):
+        return self._plan(call, dict(config or self.configs(call)[0]))
+
+    def _setup(self, call: TopkCall, config: dict):
+        """(plan, rows, row stride, values, indices, workspace) of a call the plan takes; a
+        plan that refuses the call raises with its reason."""
+        p = self._plan(call, config)
+        if getattr(p, "reason", None):
+            raise OpselectError(f"topk {self.name}: {p.reason}")
+        x, row_stride, _ = _rows(call, unit_col=True)
+        values, indices = _outputs(call)
+        ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
+        return p, x, row_stride, values, indices, ws
+
+    def _finish(self, call: TopkCall, p, values: torch.Tensor, indices: torch.Tensor):
+        """torch's layout of the results; winners the kernels left unordered (64-bit keys, k
+        past the in-register sort) are sorted here first."""
+        if p.sort_after:
+            values, order = torch.sort(values, dim=-1, descending=call.largest)
+            indices = indices.gather(-1, order)
+        return _shape_out(call, values, indices)
+
+    def cost(self, call: TopkCall, model) -> Estimate:
+        # The model's SM count, not the call's device: explain() may ask about another GPU.
+        plan = self._make_plan(call, dict(self.configs(call)[0]), max(1, model.sm_count))
+        return self._cost(call, model, plan)
 
 
-def _cached_plan(call: TopkCall, config: dict) -> RadixPlan:
-    key = (call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
-           tuple(sorted(config.items())))
-    return _memo_plan(_PLANS, key, lambda: radix_plan(
-        call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count, config))
-
-
-class RadixBackend(Backend):
+class RadixBackend(_PlannedBackend):
     name = "radix"
     kernels = (_order_key, _sample_keys, _mth_largest, _count3, _narrow, _cut, _kth, _src_tile,
                _select, _select_tile, _select_tiles, _take_threshold, _write_out, _row_buffers,
@@ -1481,14 +1512,16 @@ class RadixBackend(Backend):
             out.append({"COOP": False, "SPLIT": 1})  # one program per row, one launch
         return out
 
-    def plan(self, call: TopkCall, config: dict | None = None) -> RadixPlan:
-        return _cached_plan(call, dict(config or self.configs(call)[0]))
+    _cost = staticmethod(cost.radix)
+
+    def _make_plan(self, call: TopkCall, config: dict, sms: int) -> RadixPlan:
+        return radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
 
     def run(self, call: TopkCall, config):
         done = _trivial(call)
         if done is not None:
             return done
-        p = _cached_plan(call, dict(config))
+        p = self._plan(call, config)
         x, row_stride, _ = _rows(call, unit_col=True)
         R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
         dev = x.device
@@ -1526,16 +1559,7 @@ class RadixBackend(Backend):
                           row_stride, k, p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, flip,
                           COOP=coop, SS=p.SS, MS=p.MS, TILE=p.TILE, SUB=p.SUB,
                           SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags)
-        if p.sort_after:
-            values, order = torch.sort(values, dim=-1, descending=call.largest)
-            indices = indices.gather(-1, order)
-        return _shape_out(call, values, indices)
-
-    def cost(self, call: TopkCall, model) -> Estimate:
-        # The model's SM count, not the call's device: explain() may ask about another GPU.
-        plan = radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted,
-                          max(1, model.sm_count), dict(self.configs(call)[0]))
-        return cost.radix(call, model, plan)
+        return self._finish(call, p, values, indices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1612,10 +1636,7 @@ def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> Tournamen
     return p
 
 
-_TPLANS: dict[tuple, TournamentPlan] = {}
-
-
-class TournamentBackend(Backend):
+class TournamentBackend(_PlannedBackend):
     """Group maxima cut each chunk to its 2k hot groups (see _tournament_kernel): one read of
     the data, no sampling; small k (sampling from vocabularies, argmax-like selections)."""
 
@@ -1648,25 +1669,17 @@ class TournamentBackend(Backend):
         # The first is the default (supports() asks it); others only where their plan holds.
         return out[:1] + [c for c in out[1:] if self._plan(call, c).reason is None]
 
-    def _plan(self, call: TopkCall, config) -> TournamentPlan:
-        key = (call.R, call.N, call.k, call.info.sm_count, tuple(sorted(config.items())))
-        return _memo_plan(_TPLANS, key, lambda: tournament_plan(
-            call.R, call.N, call.k, call.info.sm_count, dict(config)))
+    _cost = staticmethod(cost.tournament)
 
-    def plan(self, call: TopkCall, config: dict | None = None) -> TournamentPlan:
-        return self._plan(call, dict(config or self.configs(call)[0]))
+    def _make_plan(self, call: TopkCall, config: dict, sms: int) -> TournamentPlan:
+        return tournament_plan(call.R, call.N, call.k, sms, config)
 
     def run(self, call: TopkCall, config):
         done = _trivial(call)
         if done is not None:
             return done
-        p = self._plan(call, config)
-        if p.reason:
-            raise OpselectError(f"topk tournament: {p.reason}")
-        x, row_stride, _ = _rows(call, unit_col=True)
+        p, x, row_stride, values, indices, ws = self._setup(call, config)
         R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
-        values, indices = _outputs(call)
-        ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
         if p.NB > 1:
             ws[:p.offsets[0]].zero_()  # the per-row tickets
         flip = 0 if call.largest else -1
@@ -1676,11 +1689,6 @@ class TournamentBackend(Backend):
                     SORT=call.sorted, KP=p.KP, IS_FLOAT=dtype.is_floating_point,
                     num_warps=p.warps)
         return _shape_out(call, values, indices)
-
-    def cost(self, call: TopkCall, model) -> Estimate:
-        plan = tournament_plan(call.R, call.N, call.k, max(1, model.sm_count),
-                               dict(self.configs(call)[0]))
-        return cost.tournament(call, model, plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1802,10 +1810,7 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     return p
 
 
-_MPLANS: dict[tuple, MaximaPlan] = {}
-
-
-class MaximaBackend(Backend):
+class MaximaBackend(_PlannedBackend):
     """Supergroup maxima give one cut for a whole row, so a long row is read once by the whole
     chip, with no sampling and no waiting (see _maxima_select_kernel): long rows with k up to a
     few thousand."""
@@ -1840,27 +1845,17 @@ class MaximaBackend(Backend):
         out = [{}, {"RHO": 2, "G": 128}, {"TILE": 4096}]
         return out[:1] + [c for c in out[1:] if self._plan(call, c).reason is None]
 
-    def _plan(self, call: TopkCall, config) -> MaximaPlan:
-        key = (call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
-               tuple(sorted(config.items())))
-        return _memo_plan(_MPLANS, key, lambda: maxima_plan(
-            call.R, call.N, call.k, call.input.dtype, call.sorted, call.info.sm_count,
-            dict(config)))
+    _cost = staticmethod(cost.maxima)
 
-    def plan(self, call: TopkCall, config: dict | None = None) -> MaximaPlan:
-        return self._plan(call, dict(config or self.configs(call)[0]))
+    def _make_plan(self, call: TopkCall, config: dict, sms: int) -> MaximaPlan:
+        return maxima_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
 
     def run(self, call: TopkCall, config):
         done = _trivial(call)
         if done is not None:
             return done
-        p = self._plan(call, config)
-        if p.reason:
-            raise OpselectError(f"topk maxima: {p.reason}")
-        x, row_stride, _ = _rows(call, unit_col=True)
+        p, x, row_stride, values, indices, ws = self._setup(call, config)
         R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
-        values, indices = _outputs(call)
-        ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
         off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.offsets
         flip = 0 if call.largest else -1
         # griddepcontrol needs sm_90; the interpreter has no such instruction.
@@ -1875,15 +1870,7 @@ class MaximaBackend(Backend):
                        N, row_stride, k, p.k_hi, p.NGR, p.SR, p.NG, p.S, p.GPP, p.NB2, p.CAP,
                        p.EQ_CAP, flip, COOP=p.coop, SP=p.SP, G=p.G, GT2=p.GT2, HG=p.HG,
                        CB=p.CB, UB=p.UB, FT=p.FT, num_warps=p.warps2, launch_pdl=pdl, **flags)
-        if p.sort_after:
-            values, order = torch.sort(values, dim=-1, descending=call.largest)
-            indices = indices.gather(-1, order)
-        return _shape_out(call, values, indices)
-
-    def cost(self, call: TopkCall, model) -> Estimate:
-        plan = maxima_plan(call.R, call.N, call.k, call.input.dtype, call.sorted,
-                           max(1, model.sm_count), dict(self.configs(call)[0]))
-        return cost.maxima(call, model, plan)
+        return self._finish(call, p, values, indices)
 
 
 # ---------------------------------------------------------------------------------------------
