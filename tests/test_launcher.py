@@ -62,44 +62,58 @@ def launcher(monkeypatch):
     return fn, lau
 
 
+def meta():
+    return dict(BLOCK=32, num_warps=4)
+
+
 def test_binds_once_then_launches_directly(launcher):
     fn, lau = launcher
     x = torch.zeros(64)
-    lau(("plan", 1), (4,), x, 64, 0, BLOCK=32, num_warps=4)
-    lau(("plan", 1), (4, 2), x, 64, 0, BLOCK=32, num_warps=4)
+    built = []
+
+    def constexprs():
+        built.append(1)
+        return meta()
+
+    lau(("plan", 1), (4,), (x, 64, 0), constexprs)
+    lau(("plan", 1), (4, 2), (x, 64, 0), constexprs)
     assert [e[0] for e in fn.log] == ["triton", "fast"]
     kind, name, grid, stream, args = fn.log[1]
     # every argument in declaration order, the constexprs after the runtime ones
     assert (name, grid, stream, args) == ("k0", (4, 2, 1), 77, (x, 64, 0, 32))
+    assert len(built) == 1  # a bound launch never builds its constexprs
 
 
-def test_new_spec_dtype_or_alignment_binds_again(launcher):
+def test_new_spec_or_alignment_binds_again(launcher):
     fn, lau = launcher
     x = torch.zeros(64)
-    lau("a", (1,), x, 64, 0, BLOCK=32, num_warps=4)
-    lau("b", (1,), x, 65, 0, BLOCK=32, num_warps=4)           # another spec
-    lau("a", (1,), x[1:], 64, 0, BLOCK=32, num_warps=4)       # a pointer off 16 bytes
-    lau("a", (1,), x.double(), 64, 0, BLOCK=32, num_warps=4)  # another pointer dtype
-    assert [e[0] for e in fn.log] == ["triton"] * 4
-    lau("a", (1,), x[1:], 64, 0, BLOCK=32, num_warps=4)
+    lau("a", (1,), (x, 64, 0), meta)
+    lau("b", (1,), (x, 65, 0), meta)       # another spec
+    lau("a", (1,), (x[1:], 64, 0), meta)   # a pointer off 16 bytes
+    assert [e[0] for e in fn.log] == ["triton"] * 3
+    lau("a", (1,), (x[1:], 64, 0), meta)
     assert fn.log[-1][:2] == ("fast", "k2")  # the kernel Triton bound for x[1:]
+    lau("a", (1,), (x[4:], 64, 0), meta)   # 16 bytes in: aligned again
+    assert fn.log[-1][:2] == ("fast", "k0")
 
 
 def test_verify_catches_a_spec_that_misses_an_argument(launcher, monkeypatch):
     fn, lau = launcher
     x = torch.zeros(64)
-    lau("same", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    lau("same", (1,), (x, 64, 0), meta)
     monkeypatch.setattr(Launcher, "verify", True)
-    lau("same", (1,), x, 64, 0, BLOCK=32, num_warps=4)  # the bound kernel: fine
+    lau("same", (1,), (x, 64, 0), meta)  # the bound kernel: fine
     assert [e[0] for e in fn.log] == ["triton", "triton"]
     with pytest.raises(AssertionError, match="spec 'same'"):
-        lau("same", (1,), x, 64, -1, BLOCK=32, num_warps=4)  # flip is not in the spec
+        lau("same", (1,), (x, 64, -1), meta)  # flip is not in the spec
+    with pytest.raises(AssertionError, match="a tensor's dtype"):
+        lau("same", (1,), (x.double(), 64, 0), meta)  # nor is the dtype
 
 
 def test_hooks_interpreter_and_switch_take_tritons_path(launcher, monkeypatch):
     fn, lau = launcher
     x = torch.zeros(64)
-    lau("s", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    lau("s", (1,), (x, 64, 0), meta)
     hook = triton.knobs.runtime.launch_enter_hook  # a HookChain from triton 3.6 on
 
     def probe(*args):
@@ -108,12 +122,12 @@ def test_hooks_interpreter_and_switch_take_tritons_path(launcher, monkeypatch):
     hook.add(probe)
     try:
         assert not _common._hooks_idle()
-        lau("s", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+        lau("s", (1,), (x, 64, 0), meta)
     finally:
         hook.remove(probe)
     assert _common._hooks_idle()
     monkeypatch.setattr(Launcher, "enabled", False)
-    lau("s", (1,), x, 64, 0, BLOCK=32, num_warps=4)
+    lau("s", (1,), (x, 64, 0), meta)
     assert [e[0] for e in fn.log] == ["triton"] * 3
 
 

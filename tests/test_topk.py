@@ -599,6 +599,29 @@ def test_error_messages_name_the_argument():
         ops.topk(torch.randn(3), 1, largest="yes")
 
 
+def test_prepare_memo_reuses_facts_not_tensors():
+    import gc
+    import weakref
+
+    a, b = torch.randn(6, 50), torch.randn(6, 50)
+    first, again = K.prepare(a, 3), K.prepare(a, 3)
+    assert again is not first and again.input is a and again.key == first.key
+    other = K.prepare(b, 3)
+    assert other.input is b and torch.equal(ops.topk(b, 3).values, torch.topk(b, 3).values)
+    # Same shape, other strides: other facts (the rows are no longer one strided dim).
+    t = torch.randn(50, 6).t()
+    assert (K.prepare(t, 3).row_stride, K.prepare(t, 3).col_stride) == (1, 6)
+    assert (first.row_stride, first.col_stride) == (50, 1)
+    # A remembered call still checks arguments of another type.
+    with pytest.raises(TypeError, match="k must be an int"):
+        ops.topk(a, True)
+    # The memo keeps no tensor alive.
+    gone = weakref.ref(a)
+    del a, first, again
+    gc.collect()
+    assert gone() is None
+
+
 def test_index_like_arguments():
     x = torch.randn(5, 4)
     ref = torch.topk(x, 2, 0)

@@ -40,13 +40,18 @@ class Launcher:
     call: tens of microseconds for a kernel of thirty arguments, which is more than some of our
     kernels run and pushes a whole call past its device time. A Launcher lets Triton do that
     once per `spec` and keeps the compiled kernel. `spec` is the caller's promise: a hashable
-    value that fixes every integer argument, every constexpr and num_warps (in practice the
-    backend's memoized plan and the few facts of the call outside it). The launcher adds the
-    device and the pointers' dtypes and alignment itself. Triton's path is taken under the
-    interpreter, while launch hooks are set (profilers read them), and for every call while
-    `verify` is on, which also checks that Triton picks the very kernel the spec named.
+    value that fixes every integer argument, every constexpr, num_warps and the tensors' dtypes
+    (in practice the backend's memoized plan, which is made per dtype, and the few facts of
+    the call outside it). The launcher adds the device and which pointers are 16-byte aligned.
+    Triton's path is taken under the interpreter, while launch hooks are set (profilers read
+    them), and for every call while `verify` is on, which also checks that Triton picks the
+    very kernel the spec named.
 
-    Runtime arguments are positional, constexprs keywords, as the kernel declares them.
+        launcher(spec, grid, (runtime arguments...), lambda: dict(constexprs, num_warps=...))
+
+    Runtime arguments come first in the kernel's signature, constexprs after them. The
+    constexprs are a function: a bound launch never builds them (at a microsecond or two per
+    dict of keywords, they were a fair part of a call's host time).
     """
 
     verify = bool(os.environ.get("OPSELECT_VERIFY_LAUNCH"))
@@ -62,17 +67,22 @@ class Launcher:
         # The interpreter's kernels have no compiled launcher.
         self.fast = isinstance(fn, triton.runtime.JITFunction)
 
-    def __call__(self, spec, grid: tuple, *args, num_warps: int, **constexprs):
+    def __call__(self, spec, grid: tuple, args: tuple, constexprs) -> None:
         if not (self.fast and Launcher.enabled):
-            self.fn[grid](*args, num_warps=num_warps, **constexprs)
+            self.fn[grid](*args, **constexprs())
             return
         device = _current_device()
         pointers = self.pointers
         if pointers is None:
             pointers = self.pointers = tuple(
                 i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        key = (spec, device, *[(args[i].dtype, args[i].data_ptr() & 15 == 0)
-                               for i in pointers])
+        misaligned = 0  # bit b: the b-th tensor argument is not 16-byte aligned
+        bit = 1
+        for i in pointers:
+            if args[i].data_ptr() & 15:
+                misaligned |= bit
+            bit <<= 1
+        key = (spec, device, misaligned)
         bound = self.bound.get(key)
         if bound is not None and not Launcher.verify and _hooks_idle():
             compiled, tail = bound
@@ -80,18 +90,20 @@ class Launcher:
             compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function,
                          compiled.packed_metadata, None, None, None, *args, *tail)
             return
-        compiled = self.fn[grid](*args, num_warps=num_warps, **constexprs)
+        named = constexprs()
+        compiled = self.fn[grid](*args, **named)
         if bound is not None:
             if compiled is not bound[0]:
                 raise AssertionError(
                     f"{self.fn.__name__}: spec {spec!r} named a kernel that Triton compiled "
-                    "for other arguments (the spec misses one that Triton specializes on)")
+                    "for other arguments (the spec misses one that Triton specializes on: an "
+                    "integer, a constexpr, the warps or a tensor's dtype)")
             return
         names = self.fn.arg_names[len(args):]
-        if hasattr(compiled, "packed_metadata") and all(n in constexprs for n in names):
+        if hasattr(compiled, "packed_metadata") and all(n in named for n in names):
             if len(self.bound) >= self.MAX_BOUND:
                 self.bound.clear()
-            self.bound[key] = (compiled, tuple(constexprs[n] for n in names))
+            self.bound[key] = (compiled, tuple(named[n] for n in names))
 
 
 _stream_of = None  # the driver's current-stream function, looked up on first use

@@ -1161,6 +1161,15 @@ class TopkCall(Call):
     __slots__ = ("input", "k", "dim", "largest", "sorted", "nd", "R", "N", "lead",
                  "row_stride", "col_stride", "viewable")
 
+    def for_input(self, input) -> "TopkCall":
+        """This call's facts for another tensor of the same shape, strides, dtype and device."""
+        c = TopkCall.__new__(TopkCall)
+        c.info, c.key, c.input, c.k, c.dim, c.largest, c.sorted, c.nd = (
+            self.info, self.key, input, self.k, self.dim, self.largest, self.sorted, self.nd)
+        c.R, c.N, c.lead, c.row_stride, c.col_stride, c.viewable = (
+            self.R, self.N, self.lead, self.row_stride, self.col_stride, self.viewable)
+        return c
+
     def describe(self) -> str:
         x = self.input
         return (f"input {tuple(x.shape)} {str(x.dtype)[6:]}, k={self.k}, dim={self.dim}"
@@ -1191,7 +1200,32 @@ def _layout(shape: tuple, strides: tuple, d: int) -> tuple[int, int, bool]:
     return row_stride, (strides[d] if shape else 1), True
 
 
+#: prepare()'s results by (shape, strides, dtype, device, k, dim, largest, sorted), without
+#: their tensors: a call like an earlier one skips the argument checks and the layout work
+#: (several microseconds of Python, a fair part of a call that launches in a few more).
+_PREPARED: dict[tuple, TopkCall] = {}
+
+
 def prepare(input, k, dim=-1, largest=True, sorted=True) -> TopkCall:
+    # Exact ints and bools only: anything else (a bool k, a numpy integer, a wrong type) takes
+    # the checks every time, so every error still comes from them.
+    if (type(k) is int and type(dim) is int and type(largest) is bool
+            and type(sorted) is bool and isinstance(input, torch.Tensor)):
+        memo_key = (input.shape, input.stride(), input.dtype, input.device, k, dim, largest,
+                    sorted)
+        known = _PREPARED.get(memo_key)
+        if known is not None:
+            return known.for_input(input)
+        call = _prepare(input, k, dim, largest, sorted)
+        if len(_PREPARED) >= 4096:
+            _PREPARED.clear()
+        _PREPARED[memo_key] = call.for_input(None)  # the memo must not keep tensors alive
+        return call
+    return _prepare(input, k, dim, largest, sorted)
+
+
+def _prepare(input, k, dim, largest, sorted) -> TopkCall:
+    """torch.topk's argument rules, and the facts every backend needs about the call."""
     if not isinstance(input, torch.Tensor):
         raise ArgumentTypeError(f"topk: input must be a Tensor, got {type(input).__name__}")
     k = _int_arg(k, "k")
@@ -1443,8 +1477,9 @@ class _PlannedBackend(Backend):
         raise NotImplementedError
 
     def _plan(self, call: TopkCall, config: dict):
+        # The config's own order: equal configs built in another order only cost a second plan.
         key = (self.name, call.R, call.N, call.k, call.input.dtype, call.sorted,
-               call.info.sm_count, tuple(sorted(config.items())))
+               call.info.sm_count, tuple(config.items()))
         plan = _PLANS.get(key)
         if plan is None:
             if len(_PLANS) > 4096:
@@ -1528,17 +1563,21 @@ class RadixBackend(_PlannedBackend):
         values, indices = _outputs(call)
         flip = 0 if call.largest else -1
         spec = (p, row_stride, flip)  # the plan fixes every other integer and constexpr
-        flags = dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), num_warps=p.warps)
         o = p.offsets
+
+        def flags():
+            return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), num_warps=p.warps)
+
         if p.mode == "direct":
-            _RADIX_DIRECT(spec, (R,), x, values, indices, N, row_stride, k, flip,
-                          SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags)
+            _RADIX_DIRECT(spec, (R,), (x, values, indices, N, row_stride, k, flip),
+                          lambda: dict(SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags()))
         elif p.mode == "fused":
             ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
             _RADIX_ROWS(spec, (R,),
-                        x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k, p.m,
-                        p.CAP, p.EQ_CAP, flip, SS=p.SS, TILE=p.TILE, SUB=p.SUB,
-                        SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags)
+                        (x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k, p.m,
+                         p.CAP, p.EQ_CAP, flip),
+                        lambda: dict(SS=p.SS, TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel,
+                                     KP=p.KP, FT=p.FT, **flags()))
         else:
             coop = p.mode == "coop"
             if coop:
@@ -1551,14 +1590,14 @@ class RadixBackend(_PlannedBackend):
                     ws[:int(COUNTERS) * R].zero_()
             else:
                 ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
-                _RADIX_SAMPLE(spec, (R, p.SB), x, ws, o["lists"], N, row_stride, p.SB, flip,
-                              SS=p.SS, MS=p.MS, IS_FLOAT=flags["IS_FLOAT"],
-                              KEY64=flags["KEY64"], num_warps=4)
+                _RADIX_SAMPLE(spec, (R, p.SB), (x, ws, o["lists"], N, row_stride, p.SB, flip),
+                              lambda: dict(SS=p.SS, MS=p.MS, IS_FLOAT=dtype.is_floating_point,
+                                           KEY64=_key64(dtype), num_warps=4))
             _RADIX_FILTER(spec, (R, p.B),
-                          x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N,
-                          row_stride, k, p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, flip,
-                          COOP=coop, SS=p.SS, MS=p.MS, TILE=p.TILE, SUB=p.SUB,
-                          SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags)
+                          (x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N,
+                           row_stride, k, p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, flip),
+                          lambda: dict(COOP=coop, SS=p.SS, MS=p.MS, TILE=p.TILE, SUB=p.SUB,
+                                       SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags()))
         return self._finish(call, p, values, indices)
 
 
@@ -1684,10 +1723,10 @@ class TournamentBackend(_PlannedBackend):
             ws[:p.offsets[0]].zero_()  # the per-row tickets
         flip = 0 if call.largest else -1
         _TOURNAMENT((p, row_stride, flip, call.sorted), (R, p.NB),
-                    x, ws, *p.offsets, values, indices, N, row_stride, k, p.CPP, p.NB, flip,
-                    SHARED=p.NB > 1, G=p.G, TILE=p.TILE, MAXP=p.MAXP, HOT=p.HOT, FT=p.FT,
-                    SORT=call.sorted, KP=p.KP, IS_FLOAT=dtype.is_floating_point,
-                    num_warps=p.warps)
+                    (x, ws, *p.offsets, values, indices, N, row_stride, k, p.CPP, p.NB, flip),
+                    lambda: dict(SHARED=p.NB > 1, G=p.G, TILE=p.TILE, MAXP=p.MAXP, HOT=p.HOT,
+                                 FT=p.FT, SORT=call.sorted, KP=p.KP,
+                                 IS_FLOAT=dtype.is_floating_point, num_warps=p.warps))
         return _shape_out(call, values, indices)
 
 
@@ -1861,15 +1900,21 @@ class MaximaBackend(_PlannedBackend):
         # griddepcontrol needs sm_90; the interpreter has no such instruction.
         pdl = p.pdl and not call.info.interpreted and (call.info.capability or (0, 0)) >= (9, 0)
         spec = (p, row_stride, flip, pdl)  # the plan fixes every other integer and constexpr
-        flags = dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), PDL=pdl)
+
+        def flags():
+            return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), PDL=pdl)
+
         _MAXIMA_PASS(spec, (R, p.NB),
-                     x, ws, off_smax, off_gmax, N, row_stride, p.NGR, p.SR, p.CPP, flip,
-                     G=p.G, TILE=p.TILE, SG=p.SG, EVICT=p.evict, num_warps=p.warps1, **flags)
+                     (x, ws, off_smax, off_gmax, N, row_stride, p.NGR, p.SR, p.CPP, flip),
+                     lambda: dict(G=p.G, TILE=p.TILE, SG=p.SG, EVICT=p.evict,
+                                  num_warps=p.warps1, **flags()))
         _MAXIMA_SELECT(spec, (R, p.NB2),
-                       x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
-                       N, row_stride, k, p.k_hi, p.NGR, p.SR, p.NG, p.S, p.GPP, p.NB2, p.CAP,
-                       p.EQ_CAP, flip, COOP=p.coop, SP=p.SP, G=p.G, GT2=p.GT2, HG=p.HG,
-                       CB=p.CB, UB=p.UB, FT=p.FT, num_warps=p.warps2, launch_pdl=pdl, **flags)
+                       (x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
+                        N, row_stride, k, p.k_hi, p.NGR, p.SR, p.NG, p.S, p.GPP, p.NB2, p.CAP,
+                        p.EQ_CAP, flip),
+                       lambda: dict(COOP=p.coop, SP=p.SP, G=p.G, GT2=p.GT2, HG=p.HG, CB=p.CB,
+                                    UB=p.UB, FT=p.FT, num_warps=p.warps2, launch_pdl=pdl,
+                                    **flags()))
         return self._finish(call, p, values, indices)
 
 
@@ -1941,9 +1986,9 @@ class BitonicBackend(Backend):
         flip = 0 if call.largest else -1
         dtype = call.input.dtype
         _BITONIC((R, N, k, row_stride, col_stride, flip, rows, warps, dtype), (cdiv(R, rows),),
-                 x, values, indices, R, N, k, row_stride, col_stride, flip, ROWS=rows,
-                 NP=max(1, next_pow2(N)), KP=next_pow2(k), IS_FLOAT=dtype.is_floating_point,
-                 num_warps=warps)
+                 (x, values, indices, R, N, k, row_stride, col_stride, flip),
+                 lambda: dict(ROWS=rows, NP=max(1, next_pow2(N)), KP=next_pow2(k),
+                              IS_FLOAT=dtype.is_floating_point, num_warps=warps))
         return _shape_out(call, values, indices)
 
     def cost(self, call: TopkCall, model) -> Estimate:
