@@ -333,6 +333,34 @@ def test_gpu_edges(cuda, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_gpu_bound_launches(cuda, backend, monkeypatch):
+    """Every launch of a backend with verify on (Triton binds each call and must pick the very
+    kernel the backend's spec names: a spec that misses an argument Triton specializes on fails
+    here), then the bound fast path on fresh data of the same calls: dtypes, sizes that are and
+    are not multiples of 16, a misaligned input, with and without out=."""
+    from opselect.kernels._common import Launcher
+
+    gen = torch.Generator().manual_seed(3)
+    cases = [(5000, 16), (4096, 1000), (100_003, 3000), (1 << 20, 70_000)]
+    for dtype in (torch.int32, torch.int64, torch.float32, torch.int16, torch.bfloat16):
+        if not supports(backend, dtype):
+            continue
+        for m, n in cases:
+            if backend == "compare" and n > 4096:
+                continue
+            for offset in (0, 1):  # 1: the elements start off 16 bytes
+                def fresh():
+                    test = random_values(n, dtype, "cpu", lo=0, hi=2 * n, gen=gen).to(cuda)
+                    e = random_values(m + offset, dtype, "cpu", lo=0, hi=2 * n, gen=gen).to(cuda)
+                    return e[offset:], test
+                for verify in (True, False):
+                    monkeypatch.setattr(Launcher, "verify", verify)
+                    for _ in range(2):
+                        check(*fresh(), backend)  # with a poisoned out= and without
+
+
+@pytest.mark.gpu
 def test_gpu_devices_like_torch(cuda):
     """A 0-d CPU tensor next to a CUDA tensor, and truly mixed devices: do what torch does."""
     a = torch.arange(10, device=cuda)

@@ -35,7 +35,7 @@ from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, UnsupportedDType
 from ..heuristics import isin as cost
-from ._common import FLOAT_DTYPES, cdiv, flat, needs_int64, next_pow2
+from ._common import FLOAT_DTYPES, Launcher, cdiv, flat, needs_int64, next_pow2
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
 LOCAL_TABLE_BYTES = 32 * 1024
@@ -499,6 +499,19 @@ def _torch_isin(call: IsinCall) -> torch.Tensor:
     return torch.isin(call.elements, test, assume_unique=call.assume_unique, invert=call.invert)
 
 
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
+# go straight to the compiled kernel. A spec is every integer argument, constexpr and the warps,
+# plus the dtype of the inputs (the other tensors' dtypes follow from it and the spec).
+_COMPARE = Launcher(_compare_kernel)
+_SEARCH = Launcher(_search_kernel)
+_HASH_BUILD = Launcher(_hash_build_kernel)
+_HASH_PROBE = Launcher(_hash_probe_kernel)
+_MINMAX = Launcher(_minmax_partials_kernel)
+_BITMAP_SETUP = Launcher(_bitmap_setup_kernel)
+_BITMAP_BUILD = Launcher(_bitmap_build_kernel)
+_BITMAP_PROBE = Launcher(_bitmap_probe_kernel)
+
+
 def _output(call: IsinCall) -> torch.Tensor:
     """Where the kernel writes: the caller's `out` when it is contiguous, else a new tensor."""
     if call.out is not None and call.out.is_contiguous():
@@ -553,11 +566,14 @@ class CompareBackend(Backend):
             return done
         x, t = flat(call.elements), flat(call.test)
         out = _output(call)
-        block = config["BLOCK"]
-        unroll = next_pow2(call.n) if call.n <= self.MAX_UNROLL else 0
-        _compare_kernel[(cdiv(call.m, block),)](
-            x, t, out, call.m, call.n, INVERT=call.invert, BLOCK=block, TILE_N=config["TILE_N"],
-            UNROLL=unroll, I64=needs_int64(call.m), num_warps=config["num_warps"])
+        block, tile_n, warps = config["BLOCK"], config["TILE_N"], config["num_warps"]
+        m, n, invert = call.m, call.n, call.invert
+        unroll = next_pow2(n) if n <= self.MAX_UNROLL else 0
+        i64 = needs_int64(m)
+        _COMPARE((x.dtype, m, n, invert, block, tile_n, unroll, i64, warps), (cdiv(m, block),),
+                 (x, t, out, m, n),
+                 lambda: dict(INVERT=invert, BLOCK=block, TILE_N=tile_n, UNROLL=unroll, I64=i64,
+                              num_warps=warps))
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
@@ -581,10 +597,12 @@ class SearchBackend(Backend):
         x = flat(call.elements)
         table = torch.sort(flat(call.test)).values  # NaN sorts last: below it nothing is skipped
         out = _output(call)
-        block = config["BLOCK"]
-        _search_kernel[(cdiv(call.m, block),)](
-            x, table, out, call.m, call.n, INVERT=call.invert, BLOCK=block, I64=needs_int64(call.m, call.n),
-            num_warps=config["num_warps"])
+        block, warps = config["BLOCK"], config["num_warps"]
+        m, n, invert = call.m, call.n, call.invert
+        i64 = needs_int64(m, n)
+        _SEARCH((x.dtype, m, n, invert, block, i64, warps), (cdiv(m, block),),
+                (x, table, out, m, n),
+                lambda: dict(INVERT=invert, BLOCK=block, I64=i64, num_warps=warps))
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
@@ -656,19 +674,23 @@ class HashBackend(Backend):
         # Floats go through murmur's finaliser in tables read through L2; on-chip tables (up
         # to 1K-4K keys) keep Fibonacci hashing, which measured better there (16M elements in
         # 1K floats of integers: 0.083 ms against 0.147 ms on the H200).
-        mix = x.dtype.is_floating_point and not local_slots
-        _hash_build_kernel[(cdiv(call.n, build_block),)](
-            t, table, flag, call.n, log_t, IS_FLOAT=x.dtype.is_floating_point, KEY_BITS=key_bits,
-            BUCKET=1 if local_slots else WIDE_BUCKET.value, MIX=mix, BLOCK=build_block,
-            num_warps=4)
+        is_float = x.dtype.is_floating_point
+        mix = is_float and not local_slots
+        m, n, invert = call.m, call.n, call.invert
+        bucket_width = 1 if local_slots else WIDE_BUCKET.value
+        _HASH_BUILD((x.dtype, n, log_t, bucket_width, mix), (cdiv(n, build_block),),
+                    (t, table, flag, n, log_t),
+                    lambda: dict(IS_FLOAT=is_float, KEY_BITS=key_bits, BUCKET=bucket_width,
+                                 MIX=mix, BLOCK=build_block, num_warps=4))
         out = _output(call)
-        block = config["BLOCK"]
-        per = _blocks_per_program(call.m, block, config["PER_PROGRAM"] if local_slots else 1)
-        _hash_probe_kernel[(cdiv(call.m, block * per),)](
-            x, table, flag, out, call.m, log_t, IS_FLOAT=x.dtype.is_floating_point,
-            KEY_BITS=key_bits, LOCAL_SLOTS=local_slots, INVERT=call.invert, BLOCK=block,
-            BLOCKS_PER_PROGRAM=per, MIX=mix, I64=needs_int64(call.m),
-            num_warps=config["num_warps"])
+        block, warps = config["BLOCK"], config["num_warps"]
+        per = _blocks_per_program(m, block, config["PER_PROGRAM"] if local_slots else 1)
+        i64 = needs_int64(m)
+        _HASH_PROBE((x.dtype, m, log_t, local_slots, invert, block, per, mix, i64, warps),
+                    (cdiv(m, block * per),), (x, table, flag, out, m, log_t),
+                    lambda: dict(IS_FLOAT=is_float, KEY_BITS=key_bits, LOCAL_SLOTS=local_slots,
+                                 INVERT=invert, BLOCK=block, BLOCKS_PER_PROGRAM=per, MIX=mix,
+                                 I64=i64, num_warps=warps))
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
@@ -722,32 +744,42 @@ class BitmapBackend(Backend):
         table = torch.empty(1 if full_range else (1 << log_t) + 1, dtype=key_dtype, device=dev)
         flag = table[table.numel() - 1:]
         params = torch.empty(2, dtype=torch.int64, device=dev)
+        m, n, invert, dtype = call.m, call.n, call.invert, x.dtype
         if full_range:
             parts, n_parts = params, 0
         else:
-            per = max(1, cdiv(call.n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
-            n_parts = cdiv(call.n, self.MINMAX_BLOCK * per)
+            per = max(1, cdiv(n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
+            n_parts = cdiv(n, self.MINMAX_BLOCK * per)
             parts = torch.empty(2 * n_parts, dtype=torch.int64, device=dev)
-            _minmax_partials_kernel[(n_parts,)](t, parts, call.n, BLOCK=self.MINMAX_BLOCK,
-                                               PER_PROGRAM=per, num_warps=4)
+            _MINMAX((dtype, n, per), (n_parts,), (t, parts, n),
+                    lambda: dict(BLOCK=self.MINMAX_BLOCK, PER_PROGRAM=per, num_warps=4))
         setup_block = 1024
-        _bitmap_setup_kernel[(cdiv(max(cap_bits // 32, table.numel()), setup_block),)](
-            parts, n_parts, params, bits, table, cap_bits, 0 if full_range else table.numel(),
-            FULL_RANGE_LO=torch.iinfo(x.dtype).min, FULL_RANGE=full_range, KEY_BITS=key_bits,
-            P_BLOCK=next_pow2(max(n_parts, 2)), BLOCK=setup_block, num_warps=4)
+        slots = 0 if full_range else table.numel()
+        lowest = torch.iinfo(dtype).min
+        p_block = next_pow2(max(n_parts, 2))
+        _BITMAP_SETUP((dtype, n_parts, cap_bits, slots, full_range),
+                      (cdiv(max(cap_bits // 32, table.numel()), setup_block),),
+                      (parts, n_parts, params, bits, table, cap_bits, slots, lowest),
+                      lambda: dict(FULL_RANGE=full_range, KEY_BITS=key_bits, P_BLOCK=p_block,
+                                   BLOCK=setup_block, num_warps=4))
         build_block = 1024
-        _bitmap_build_kernel[(cdiv(call.n, build_block),)](
-            t, params, bits, table, flag, call.n, cap_bits, log_t, KEY_BITS=key_bits,
-            BUCKET=1 if local_slots else WIDE_BUCKET.value, BLOCK=build_block, num_warps=4)
+        bucket_width = 1 if local_slots else WIDE_BUCKET.value
+        _BITMAP_BUILD((dtype, n, cap_bits, log_t, bucket_width), (cdiv(n, build_block),),
+                      (t, params, bits, table, flag, n, cap_bits, log_t),
+                      lambda: dict(KEY_BITS=key_bits, BUCKET=bucket_width, BLOCK=build_block,
+                                   num_warps=4))
         out = _output(call)
         local_words = cap_bits // 32 if _fits_on_chip(cap_bits // 8) else 0
-        block = config["BLOCK"]
-        per = _blocks_per_program(call.m, block,
+        block, warps = config["BLOCK"], config["num_warps"]
+        per = _blocks_per_program(m, block,
                                   config["PER_PROGRAM"] if (local_words or local_slots) else 1)
-        _bitmap_probe_kernel[(cdiv(call.m, block * per),)](
-            x, params, bits, table, flag, out, call.m, cap_bits, log_t, KEY_BITS=key_bits,
-            LOCAL_WORDS=local_words, LOCAL_SLOTS=local_slots, INVERT=call.invert, BLOCK=block,
-            BLOCKS_PER_PROGRAM=per, I64=needs_int64(call.m), num_warps=config["num_warps"])
+        i64 = needs_int64(m)
+        _BITMAP_PROBE((dtype, m, cap_bits, log_t, local_words, local_slots, invert, block, per,
+                       i64, warps), (cdiv(m, block * per),),
+                      (x, params, bits, table, flag, out, m, cap_bits, log_t),
+                      lambda: dict(KEY_BITS=key_bits, LOCAL_WORDS=local_words,
+                                   LOCAL_SLOTS=local_slots, INVERT=invert, BLOCK=block,
+                                   BLOCKS_PER_PROGRAM=per, I64=i64, num_warps=warps))
         return _finish(call, out)
 
     def cost(self, call: IsinCall, model) -> Estimate:
