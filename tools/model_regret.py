@@ -6,6 +6,7 @@ torch unless a backend is 7% cheaper), and the regret of that pick against the b
 backend; then the regret's geometric mean and 90th percentile, the issue's cold-start measure.
 
     python tools/model_regret.py topk h200
+    python tools/model_regret.py isin h200
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from opselect.heuristics.device_model import defaults_for  # noqa: E402
 GPUS = {"h200": ("NVIDIA H200", 141), "h100": ("NVIDIA H100 80GB HBM3", 80)}
 
 
-def main(op_name: str, gpu: str) -> None:
+def main(op_name: str, gpu: str, show: bool = True) -> tuple[float, float]:
+    """Print every case's estimates, pick and regret (show=True); return (geomean, p90)."""
     import importlib
 
     bench = importlib.import_module(f"bench_{op_name}")
@@ -42,12 +44,10 @@ def main(op_name: str, gpu: str) -> None:
     rows = {r["case"]: r for r in
             json.loads((ROOT / "benchmarks/results" / gpu / f"{op_name}.json").read_text())["rows"]}
     regrets = []
-    for case in bench.FULL:
-        label = bench._name(*case)
-        shape, dtype, k, opts = case
-        x = torch.empty(shape, dtype=dtype, device="meta")
-        call = op.prepare(x, k, opts.get("dim", -1), opts.get("largest", True),
-                          opts.get("sorted", True))
+    for case in bench.suite(False).cases:
+        label = case.name
+        args, kwargs = case.make(torch.device("meta"))  # shapes and dtypes, no data
+        call = op.prepare(*args, **kwargs)
         call.info = info
         est = {b.name: b.cost(call, model) for b in op.backends if b.supports(call) is None}
         pick = min(est, key=lambda b: est[b].seconds)
@@ -65,12 +65,16 @@ def main(op_name: str, gpu: str) -> None:
             regret = measured[pick] / min(measured.values())
             regrets.append(regret)
             line += f" | best={min(measured, key=measured.get)} regret={regret:.2f}"
-        print(line)
-    if regrets:
-        regrets.sort()
-        p90 = regrets[min(len(regrets) - 1, math.ceil(0.9 * len(regrets)) - 1)]
-        geo = math.exp(sum(map(math.log, regrets)) / len(regrets))
+        if show:
+            print(line)
+    if not regrets:
+        return math.nan, math.nan
+    regrets.sort()
+    p90 = regrets[min(len(regrets) - 1, math.ceil(0.9 * len(regrets)) - 1)]
+    geo = math.exp(sum(map(math.log, regrets)) / len(regrets))
+    if show:
         print(f"{len(regrets)} cases: regret geomean {geo:.3f}, p90 {p90:.3f}")
+    return geo, p90
 
 
 if __name__ == "__main__":

@@ -115,6 +115,11 @@ _KNOWN = {
 }
 
 
+#: Host seconds of one launch through a bound Launcher (kernels/_common.py): the compiled kernel
+#: called directly, about a third of Triton's own launch path (`launch`).
+BOUND_LAUNCH = 5e-6
+
+
 def defaults_for(info: DeviceInfo) -> DeviceModel:
     if info.type != "cuda":
         # The CPU: torch's kernels at a few GB/s; Triton only through the interpreter, which is

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from .device_model import BOUND_LAUNCH
+
 OP = "isin"
 
 #: torch.isin's brute-force kernel loops over the test set for each element, reloading every test
@@ -56,9 +58,16 @@ def compare(call, model, *, tile_n: int = 1, block: int = 2048, unrolled: bool =
     else:
         steps = n if tile_n == 1 else -(-n // tile_n)
         latency = waves * steps * COMPARE_STEP_S[1 if tile_n == 1 else 64]
-    return model.estimate(OP, "compare", triton=True, launch=model.launch + model.torch_launch,
+    return model.estimate(OP, "compare", triton=True, launch=BOUND_LAUNCH + model.torch_launch,
                           memory=_stream(call, model),
                           compares=max(m * max(n, 16) * model.compare, latency))
+
+
+#: torch.sort of up to this many elements runs in one block; more take a multi-kernel radix sort
+#: whose time does not fall below SORT_MULTI_KERNEL_FLOOR_S (the H200 table: search on 1e4 and
+#: 1e5 test values took 130-160 us, against a few us of kernel).
+SORT_ONE_BLOCK = 4096
+SORT_MULTI_KERNEL_FLOOR_S = 60e-6
 
 
 def search(call, model):
@@ -67,8 +76,13 @@ def search(call, model):
     # The top ~10 levels of the implicit search tree are shared by all lanes and stay in L1.
     cached = min(steps, 10)
     lookups = m * cached * model.gather_smem + model.gather(m * (steps - cached), n * s)
-    return model.estimate(OP, "search", triton=True, sort=model.sort(n, s),
-                          launch=model.launch + 2 * model.torch_launch,
+    # torch.sort computes int64 indices whether or not they are used; past one block it is a
+    # multi-kernel radix sort with a floor of its own.
+    sort = model.sort(n, s, 8)
+    if n > SORT_ONE_BLOCK:
+        sort = max(sort, SORT_MULTI_KERNEL_FLOOR_S)
+    return model.estimate(OP, "search", triton=True, sort=sort,
+                          launch=BOUND_LAUNCH + 2 * model.torch_launch,
                           memory=_stream(call, model), lookups=lookups)
 
 
@@ -80,6 +94,30 @@ def table_bytes(call, slots_per_key: int = 4) -> int:
 #: Shared-memory bytes/s a whole GPU writes when every program stages an on-chip table (Triton
 #: copies the table into shared memory at each gather).
 SMEM_STAGING_BPS = 3e13
+#: Seconds per element of probing an on-chip table beyond its loads (the hash, the compare, the
+#: bucket walk), 32-bit keys; 64-bit keys take twice that (fit on the H200 table: 16M elements in
+#: 16 or 1K test values take 35-110 us past their stream, not the few the gathers alone explain).
+HASH_LOCAL_PROBE_S = 3e-12
+#: bitmap's kernels on a range too wide for the bitmap probe its hash set at this multiple of the
+#: hash backend's time (its set-up and range check on top; measured 1.7-1.9x on the H200 where the
+#: table lives in L2 or DRAM, about 1x where it is on chip).
+BITMAP_WIDE_PENALTY = 1.8
+#: ... and build it at this multiple of the hash backend's build (1e6 elements in 16M test values:
+#: 1.57 ms against 1.25 ms on the H200).
+BITMAP_WIDE_BUILD = 1.25
+
+
+#: The share of L2 a table of random atomic updates can use before the updates go to DRAM (a
+#: 32 MB bitmap filled by 16M test values took about 0.5 ms on the H200, twice L2's atomic rate).
+ATOMIC_L2_SHARE = 0.3
+
+
+def _atomics(n: float, table_bytes: float, model) -> float:
+    """n atomic updates at random places of a table: at L2's rate while the table fits there,
+    a read and a write of DRAM for the part that does not (16M test values make a 256 MB hash
+    table: its build took about 1 ms on the H200, not the 0.3 ms L2 atomics would)."""
+    hit = min(1.0, ATOMIC_L2_SHARE * model.l2_bytes / max(table_bytes, 1.0))
+    return n * (hit * model.atomic + (1 - hit) * 2.5 * model.gather_dram)
 
 
 def hash_(call, model, *, local_table_bytes: int, block: int = 4096):
@@ -89,12 +127,13 @@ def hash_(call, model, *, local_table_bytes: int, block: int = 4096):
         # A first probe gathered from the on-chip copy (staged again for every block of `block`
         # elements); a quarter of the lanes probe on through L1.
         probes = (m * model.gather_smem + 0.25 * model.gather(m, 0, on_chip=True) * 4
-                  + (m / block) * t_bytes / SMEM_STAGING_BPS)
+                  + (m / block) * t_bytes / SMEM_STAGING_BPS
+                  + m * HASH_LOCAL_PROBE_S * (2 if call.elements.dtype.itemsize == 8 else 1))
     else:
         # One 16/32-byte bucket per element, read through L2 (or DRAM when the table is big).
         probes = model.gather(1.1 * m, t_bytes)
-    build = model.stream(t_bytes) + 1.3 * n * model.atomic
-    return model.estimate(OP, "hash", triton=True, launch=2 * model.launch + 3 * model.torch_launch,
+    build = model.stream(t_bytes) + _atomics(1.3 * n, t_bytes, model)
+    return model.estimate(OP, "hash", triton=True, launch=2 * BOUND_LAUNCH + 3 * model.torch_launch,
                           memory=_stream(call, model), build=build, probes=probes)
 
 
@@ -102,15 +141,20 @@ def bitmap(call, model, *, cap_bits: int, local_bytes: int):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     bit_bytes = cap_bits / 8
     local = bit_bytes <= local_bytes
-    parts = dict(launch=4 * model.launch + 5 * model.torch_launch, memory=_stream(call, model),
-                 setup=model.stream(bit_bytes) + n * model.atomic)
+    parts = dict(launch=4 * BOUND_LAUNCH + 5 * model.torch_launch, memory=_stream(call, model),
+                 setup=model.stream(bit_bytes) + _atomics(n, bit_bytes, model))
     narrow = 1.2 * model.gather(m, 0, on_chip=True) if local else model.gather(m, bit_bytes)
     if s <= 2:  # 8/16-bit integers: the whole range always fits
         return model.estimate(OP, "bitmap", triton=True, probes=narrow, **parts)
     # Wider integers: the range is data, measured on the device, and the model cannot see it.
     # With even odds of a narrow range (bitmap) and a wide one (the hash set's probes), the
     # expected cost is the mean; tuning measures the real data.
-    wide = hash_(call, model, local_table_bytes=local_bytes).parts["probes"]
+    wide_hash = hash_(call, model, local_table_bytes=local_bytes).parts
+    wide = wide_hash["probes"]
+    if table_bytes(call) > local_bytes:
+        wide *= BITMAP_WIDE_PENALTY
+    # The set-up charged the bitmap's updates; a wide range builds the hash set instead.
+    parts["setup"] += 0.5 * (BITMAP_WIDE_BUILD * wide_hash["build"] - _atomics(n, bit_bytes, model))
     parts.update(minmax=model.stream(n * s), probes=0.5 * (narrow + wide))
     notes = ("bitmap or hash set, decided on the device from the value range (no host sync)",
              "the model assumes even odds of a narrow range")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from .device_model import BOUND_LAUNCH
+
 OP = "topk"
 
 # Integer instructions per second of one SM (4 schedulers x 32 lanes x ~1.7 GHz).
@@ -49,9 +51,6 @@ TORCH_SORT_K = 1.3e-6
 # flat sort of as many keys (H200: 32 x 8192 takes 0.10 ms, 16 x 1e6 twice one row of 1.6e7).
 SEGMENTED_SORT_FIXED = 90e-6
 SEGMENTED_SORT_FACTOR = 1.7
-# Host time of one launch through a bound Launcher (kernels/_common.py): the compiled kernel
-# called directly, about a third of Triton's own launch path.
-BOUND_LAUNCH = 5e-6
 # radix: sampling, the cooperative wait and the one-program finisher cost about this much
 # device time whatever the row (H200, 16M elements k = 1: 0.09 ms, of which 0.02 is reading).
 RADIX_FIXED = 55e-6
