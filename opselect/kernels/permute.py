@@ -52,7 +52,7 @@ from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, OpselectError
 from ..heuristics import permute as cost
-from ._common import cdiv, needs_int64, next_pow2
+from ._common import Launcher, cdiv, needs_int64, next_pow2
 
 #: The kernels take at most this many dims after simplification (the torch backend takes any).
 MAX_DIMS = 8
@@ -738,6 +738,15 @@ def _tiles_per_program(wanted: int, n_tiles: int) -> int:
     return tpp
 
 
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
+# go straight to the compiled kernel. A spec is the unit dtype (which fixes both pointers'), every
+# integer argument, the constexprs and the warps.
+_NAIVE = Launcher(_naive_kernel)
+_RUNS = Launcher(_runs_kernel)
+_TILED = Launcher(_tiled_kernel)
+_NARROW = Launcher(_narrow_kernel)
+
+
 class _TritonBackend(Backend):
     def supports(self, call: PermuteCall) -> str | None:
         if call.torch_only is not None:
@@ -764,10 +773,10 @@ class NaiveBackend(_TritonBackend):
         sizes, strides = call.sizes or [1], call.strides or [1]
         n = call.numel * call.input.element_size() // call.esize
         block = config["BLOCK"]
-        args = _padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS)
-        _naive_kernel[(cdiv(n, block),)](
-            src, dst, n, *args, ND=len(sizes), W=w, BLOCK=block,
-            I64=needs_int64(n * w, call.span * w), num_warps=config["num_warps"])
+        ints = (n, *_padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS))
+        nd, i64, warps = len(sizes), needs_int64(n * w, call.span * w), config["num_warps"]
+        _NAIVE((src.dtype, ints, nd, w, block, i64, warps), (cdiv(n, block),), (src, dst, *ints),
+               lambda: dict(ND=nd, W=w, BLOCK=block, I64=i64, num_warps=warps))
         return _finish(call, out)
 
     def cost(self, call: PermuteCall, model) -> Estimate:
@@ -812,12 +821,13 @@ class VectorizedBackend(_TritonBackend):
         n_tiles = cdiv(rows, block_r) * n_cb
         tpp = _tiles_per_program(config["TPP"], n_tiles)
         outer = list(zip(reversed(sizes[:-1]), (t * w for t in reversed(strides[:-1]))))
-        args = _padded(outer, MAX_DIMS - 1)
-        _runs_kernel[(n_tiles // tpp,)](
-            src, dst, rows, lu, n_cb, *args, ND=len(outer), ROWS=block_r,
-            BLOCK_L=block_l, TPP=tpp, EVEN_L=lu % block_l == 0, VEC=w,
-            I64=needs_int64(rows * lu + tile, call.span * w + tile),
-            num_warps=config["num_warps"])
+        ints = (rows, lu, n_cb, *_padded(outer, MAX_DIMS - 1))
+        nd, even, warps = len(outer), lu % block_l == 0, config["num_warps"]
+        i64 = needs_int64(rows * lu + tile, call.span * w + tile)
+        _RUNS((src.dtype, ints, nd, block_r, block_l, tpp, w, i64, warps), (n_tiles // tpp,),
+              (src, dst, *ints),
+              lambda: dict(ND=nd, ROWS=block_r, BLOCK_L=block_l, TPP=tpp, EVEN_L=even, VEC=w,
+                           I64=i64, num_warps=warps))
         return _finish(call, out)
 
     def cost(self, call: PermuteCall, model) -> Estimate:
@@ -970,13 +980,16 @@ class TiledBackend(_TritonBackend):
         n_ta, n_tb = cdiv(plan.A, ba), cdiv(plan.B, bb)
         n_tiles = plan.n_batch * n_ta * n_tb
         tpp = _tiles_per_program(config["TPP"], n_tiles)
-        _tiled_kernel[(n_tiles // tpp,)](
-            src, dst, plan.A, plan.B, n_ta, n_tb,
-            *plan.group_args(plan.a_dims), *plan.group_args(plan.b_dims), *batch,
-            NA=len(plan.a_dims), NB=len(plan.b_dims), NC=len(plan.batch), BA=ba, BB=bb, W=w,
-            TPP=tpp, EVEN_A=plan.A % ba == 0, EVEN_B=plan.B % bb == 0,
-            I64=needs_int64(n_units + (ba + bb) * w, call.span * w + (ba + bb) * w),
-            num_warps=config["num_warps"])
+        ints = (plan.A, plan.B, n_ta, n_tb, *plan.group_args(plan.a_dims),
+                *plan.group_args(plan.b_dims), *batch)
+        na, nb, nc = len(plan.a_dims), len(plan.b_dims), len(plan.batch)
+        i64 = needs_int64(n_units + (ba + bb) * w, call.span * w + (ba + bb) * w)
+        warps = config["num_warps"]
+        _TILED((src.dtype, ints, na, nb, nc, ba, bb, w, tpp, i64, warps), (n_tiles // tpp,),
+               (src, dst, *ints),
+               lambda: dict(NA=na, NB=nb, NC=nc, BA=ba, BB=bb, W=w, TPP=tpp,
+                            EVEN_A=plan.A % ba == 0, EVEN_B=plan.B % bb == 0, I64=i64,
+                            num_warps=warps))
         return _finish(call, out)
 
     @staticmethod
@@ -994,11 +1007,13 @@ class TiledBackend(_TritonBackend):
         n_tm = cdiv(m, bw)
         n_tiles = plan.n_batch * n_tm
         tpp = _tiles_per_program(config["TPP"], n_tiles)
-        _narrow_kernel[(n_tiles // tpp,)](
-            src, dst, m, n_tm, *plan.group_args(group), *batch,
-            N=n, NP=np_, NG=len(group), NC=len(plan.batch), BW=bw, TPP=tpp,
-            IN_NARROW=narrow_in, I64=needs_int64(n_units + np_ * bw, call.span + np_ * bw),
-            num_warps=config["num_warps"])
+        ints = (m, n_tm, *plan.group_args(group), *batch)
+        ng, nc, warps = len(group), len(plan.batch), config["num_warps"]
+        i64 = needs_int64(n_units + np_ * bw, call.span + np_ * bw)
+        _NARROW((src.dtype, ints, n, np_, ng, nc, bw, tpp, narrow_in, i64, warps),
+                (n_tiles // tpp,), (src, dst, *ints),
+                lambda: dict(N=n, NP=np_, NG=ng, NC=nc, BW=bw, TPP=tpp, IN_NARROW=narrow_in,
+                             I64=i64, num_warps=warps))
 
     def cost(self, call: PermuteCall, model) -> Estimate:
         return cost.tiled(call, model)
