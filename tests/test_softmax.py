@@ -86,17 +86,21 @@ def supported(backend, shape, dim, dtype=torch.float32):
 
 
 def spy(monkeypatch, *names):
-    """Record the grid of every launch of these kernels of the module (by name)."""
+    """Record the grid of every launch of these kernels of the module (by name): each kernel's
+    Launcher gets a stand-in that notes the grid and launches the real kernel."""
     grids = {name: [] for name in names}
     for name in names:
-        kernel = getattr(sm, name)
+        launcher = sm.LAUNCHERS[name]
+        kernel = launcher.fn
 
-        class Launcher:
+        class Watch:
+            __name__ = name
+
             def __getitem__(self, grid, kernel=kernel, name=name):
                 grids[name].append(tuple(grid))
                 return kernel[grid]
 
-        monkeypatch.setattr(sm, name, Launcher())
+        monkeypatch.setattr(launcher, "fn", Watch())
     return grids
 
 
@@ -684,6 +688,36 @@ def test_gpu_backward(cuda, backend, shape, dim):
         for log in (False, True):
             got, ref = grads(x, dim, log, backend, torch.randn(shape, device=cuda))
             assert_grad(got, ref, dtype, f"{backend} {shape} {dtype}")
+
+
+@pytest.mark.gpu
+def test_gpu_bound_launches(cuda, monkeypatch):
+    """Every kernel's launches with verify on (Triton binds each call and must pick the very
+    kernel the spec names: a spec that misses an argument Triton specializes on fails here),
+    then the bound fast path on fresh data of the same calls: forward in every config,
+    backward, both dtypes, and inputs that start off 16 bytes."""
+    from opselect.kernels._common import Launcher
+
+    seed = 30
+    for backend, shape, dim in GPU_CASES[::2] + [("online", (4, 1 << 20), -1)]:
+        for dtype, offset in ((torch.float32, 0), (torch.bfloat16, 1)):
+            if not supported(backend, shape, dim, dtype):
+                continue
+            for verify in (True, False):
+                monkeypatch.setattr(Launcher, "verify", verify)
+                for _ in range(2):
+                    seed += 1
+                    torch.manual_seed(seed)
+                    n = math.prod(shape)
+                    x = (torch.randn(n + offset, device=cuda) * 3).to(dtype)[offset:].view(shape)
+                    for log in (False, True):
+                        op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+                        b = op.backend(backend)
+                        for cfg in b.configs(op.prepare(x, dim)):
+                            assert_matches(run_config(x, dim, log, backend, cfg), x, dim, log,
+                                           backend=f"{backend} {cfg}")
+                        got, ref = grads(x, dim, log, backend, torch.randn(shape, device=cuda))
+                        assert_grad(got, ref, dtype, f"{backend} {shape} {dtype}")
 
 
 @pytest.mark.gpu

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .device_model import BOUND_LAUNCH
+
 #: Fraction of the SMs that, each running one large program, saturate DRAM bandwidth.
 SATURATING_FRACTION = 0.6
 #: Fraction of L2 that re-reads can count on (the rest holds other traffic and the output).
@@ -58,9 +60,9 @@ def _torch_launch(model) -> float:
 
 
 def _host(call, model, *, kernels: int = 1, allocations: int = 1) -> float:
-    """Host seconds of a Triton backend: its launches, torch allocations, the cast or copy done by
-    torch first, and the autograd.Function."""
-    host = kernels * model.launch + allocations * _torch_launch(model)
+    """Host seconds of a Triton backend: its launches (bound: kernels/_common.py), torch
+    allocations, the cast or copy done by torch first, and the autograd.Function."""
+    host = kernels * BOUND_LAUNCH + allocations * _torch_launch(model)
     if call.cast_first or not call.fast:
         host += _torch_launch(model)
     if call.grad:

@@ -55,7 +55,7 @@ from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
 from ..errors import InvalidArgument, OpselectError, UnsupportedDType
 from ..heuristics import softmax as cost
-from ._common import FLOAT_DTYPES, cdiv, needs_int64, next_pow2
+from ._common import FLOAT_DTYPES, Launcher, cdiv, needs_int64, next_pow2
 
 # Longest row the fused backend holds in registers (16 warps x 32 threads x 64 values).
 FUSED_MAX = 32768
@@ -665,6 +665,25 @@ def prepare_log_softmax(input, dim=-1, *, dtype=None) -> SoftmaxCall:
 # ---------------------------------------------------------------------------------------------
 # Launch helpers
 # ---------------------------------------------------------------------------------------------
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
+# go straight to the compiled kernel. A spec is the input and output dtypes (the scratch tensors'
+# follow from F64), every integer argument, the constexprs and the warps. LAUNCHERS names them by
+# kernel, for tests that watch the launches.
+_ROWS_FWD = Launcher(_rows_fwd_kernel)
+_ONLINE_FWD = Launcher(_online_fwd_kernel)
+_SPLIT_STATS = Launcher(_split_stats_kernel)
+_SPLIT_NORM = Launcher(_split_norm_kernel)
+_COOP_FWD = Launcher(_coop_fwd_kernel)
+_STRIDED_FWD = Launcher(_strided_fwd_kernel)
+_ROWS_BWD = Launcher(_rows_bwd_kernel)
+_SPLIT_BWD_SUM = Launcher(_split_bwd_sum_kernel)
+_SPLIT_BWD_APPLY = Launcher(_split_bwd_apply_kernel)
+_STRIDED_BWD = Launcher(_strided_bwd_kernel)
+LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
+    _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _STRIDED_FWD, _ROWS_BWD,
+    _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD)}
+
+
 def _align(*values: int) -> int:
     """The largest power of two (<= 16) dividing every value."""
     a = 16
@@ -724,10 +743,13 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch
     resident = _resident(call.info.sm_count, warps, block_r * bn, call.f64)
     per = _tiles_per_program(tiles, resident)
     a = _align(n, sx)
-    _rows_fwd_kernel[(cdiv(tiles, per),)](
-        x, y, rows, n // a, sx // a, n // a, per, ALIGN=a, LOG=call.log, F64=call.f64,
-        BLOCK_R=block_r, BLOCK_N=bn, EVEN_N=bn == n, NUM_STAGES=stages if per > 1 else 1,
-        I64=needs_int64(call.numel + block_r * bn, rows * sx + n), num_warps=warps)
+    ints = (rows, n // a, sx // a, n // a, per)
+    log, f64, stages = call.log, call.f64, stages if per > 1 else 1
+    i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
+    _ROWS_FWD((x.dtype, y.dtype, ints, a, log, f64, block_r, bn, stages, i64, warps),
+              (cdiv(tiles, per),), (x, y, *ints),
+              lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r, BLOCK_N=bn,
+                           EVEN_N=bn == n, NUM_STAGES=stages, I64=i64, num_warps=warps))
     return y
 
 
@@ -758,12 +780,15 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
     acc = torch.float64 if call.f64 else torch.float32
     partials = torch.empty(2 * rows * split, dtype=acc, device=x.device)  # maxima, then sums
     sync = torch.zeros(1 + rows, dtype=torch.int32, device=x.device)  # ticket, arrivals per row
-    _coop_fwd_kernel[(rows * split,)](
-        x, y, partials, sync, n // a, sx // a, n // a, split, rows, ALIGN=a, LOG=call.log,
-        F64=call.f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
-        SPIN_LIMIT=1 if call.info.interpreted else COOP_SPIN_LIMIT,
-        FALLBACK_BLOCK=min(chunk, 64 * 32 * warps // 16),
-        I64=needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split), num_warps=warps)
+    ints = (n // a, sx // a, n // a, split, rows)
+    log, f64 = call.log, call.f64
+    spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
+    fallback = min(chunk, 64 * 32 * warps // 16)
+    i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
+    _COOP_FWD((x.dtype, y.dtype, ints, a, log, f64, chunk, spin, fallback, i64, warps),
+              (rows * split,), (x, y, partials, sync, *ints),
+              lambda: dict(ALIGN=a, LOG=log, F64=f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
+                           SPIN_LIMIT=spin, FALLBACK_BLOCK=fallback, I64=i64, num_warps=warps))
     return y
 
 
@@ -775,20 +800,28 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int) -> torch.
     split = max(1, min(split, cdiv(n, block)))
     a = _align(n, sx)
     i64 = needs_int64(call.numel + split * block, rows * sx + n)
+    log, f64 = call.log, call.f64
     if split == 1:
-        _online_fwd_kernel[(rows,)](x, y, n // a, sx // a, n // a, ALIGN=a, LOG=call.log,
-                                    F64=call.f64, BLOCK_N=block, I64=i64, num_warps=warps)
+        ints = (n // a, sx // a, n // a)
+        _ONLINE_FWD((x.dtype, y.dtype, ints, a, log, f64, block, i64, warps), (rows,),
+                    (x, y, *ints),
+                    lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=block, I64=i64,
+                                 num_warps=warps))
         return y
     chunk = cdiv(cdiv(n, split), block) * block
     split = cdiv(n, chunk)
     acc = torch.float64 if call.f64 else torch.float32
     m = torch.empty(rows * split, dtype=acc, device=x.device)
     s = torch.empty(rows * split, dtype=acc, device=x.device)
-    _split_stats_kernel[(rows * split,)](x, m, s, n // a, sx // a, chunk, split, ALIGN=a,
-                                         F64=call.f64, BLOCK_N=block, I64=i64, num_warps=warps)
-    _split_norm_kernel[(rows * split,)](x, y, m, s, n // a, sx // a, n // a, chunk, split, ALIGN=a,
-                                        LOG=call.log, F64=call.f64, SPLIT_POW2=next_pow2(split),
-                                        BLOCK_N=block, I64=i64, num_warps=warps)
+    stats = (n // a, sx // a, chunk, split)
+    _SPLIT_STATS((x.dtype, stats, a, f64, block, i64, warps), (rows * split,),
+                 (x, m, s, *stats),
+                 lambda: dict(ALIGN=a, F64=f64, BLOCK_N=block, I64=i64, num_warps=warps))
+    norm = (n // a, sx // a, n // a, chunk, split)
+    _SPLIT_NORM((x.dtype, y.dtype, norm, a, log, f64, block, i64, warps), (rows * split,),
+                (x, y, m, s, *norm),
+                lambda: dict(ALIGN=a, LOG=log, F64=f64, SPLIT_POW2=next_pow2(split),
+                             BLOCK_N=block, I64=i64, num_warps=warps))
     return y
 
 
@@ -824,10 +857,13 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) ->
     warps = min(32, _warps(bi * bn) * warp_scale)
     n_ib = cdiv(inner, bi)
     a = _align(inner, so, sn)
-    _strided_fwd_kernel[(outer * n_ib,)](
-        x, y, n, inner // a, n_ib, so // a, sn // a, ALIGN=a, LOG=call.log, F64=call.f64,
-        BLOCK_N=bn, BLOCK_I=bi, SINGLE=single,
-        I64=needs_int64(call.numel + bn * bi, outer * so + n * sn + inner), num_warps=warps)
+    ints = (n, inner // a, n_ib, so // a, sn // a)
+    log, f64 = call.log, call.f64
+    i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
+    _STRIDED_FWD((x.dtype, y.dtype, ints, a, log, f64, bn, bi, single, i64, warps),
+                 (outer * n_ib,), (x, y, *ints),
+                 lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=bn, BLOCK_I=bi, SINGLE=single,
+                              I64=i64, num_warps=warps))
     return y
 
 
@@ -898,9 +934,12 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
                                        tile=TILE_MAX // 2)  # two tensors in registers
         n_ib = cdiv(inner, bi)
         a = _align(inner, sgo, sgn)
-        _strided_bwd_kernel[(outer * n_ib,)](
-            y, g, dx, n, inner // a, n_ib, sgo // a, sgn // a, ALIGN=a, LOG=log, F64=f64,
-            BLOCK_N=bn, BLOCK_I=bi, SINGLE=single, I64=i64, num_warps=_warps(bn * bi))
+        ints = (n, inner // a, n_ib, sgo // a, sgn // a)
+        warps = _warps(bn * bi)
+        _STRIDED_BWD((y.dtype, g.dtype, dx.dtype, ints, a, log, f64, bn, bi, single, i64, warps),
+                     (outer * n_ib,), (y, g, dx, *ints),
+                     lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=bn, BLOCK_I=bi,
+                                  SINGLE=single, I64=i64, num_warps=warps))
         return dx
     a = _align(n, sgo)
     bn = next_pow2(n)
@@ -913,13 +952,14 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         split = cdiv(n, chunk)
         t = torch.empty(outer * split, dtype=torch.float64 if f64 else torch.float32,
                         device=y.device)
-        _split_bwd_sum_kernel[(outer * split,)](y, g, t, n // a, sgo // a, chunk, split, ALIGN=a,
-                                                LOG=log, F64=f64, BLOCK_N=block, I64=i64,
-                                                num_warps=8)
-        _split_bwd_apply_kernel[(outer * split,)](y, g, dx, t, n // a, sgo // a, chunk, split,
-                                                  ALIGN=a, LOG=log, F64=f64,
-                                                  SPLIT_POW2=next_pow2(split), BLOCK_N=block,
-                                                  I64=i64, num_warps=8)
+        ints = (n // a, sgo // a, chunk, split)
+        spec = (y.dtype, g.dtype, dx.dtype, ints, a, log, f64, block, i64)
+        _SPLIT_BWD_SUM(spec, (outer * split,), (y, g, t, *ints),
+                       lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=block, I64=i64,
+                                    num_warps=8))
+        _SPLIT_BWD_APPLY(spec, (outer * split,), (y, g, dx, t, *ints),
+                         lambda: dict(ALIGN=a, LOG=log, F64=f64, SPLIT_POW2=next_pow2(split),
+                                      BLOCK_N=block, I64=i64, num_warps=8))
         return dx
     single = n <= single_max
     if single:
@@ -932,11 +972,13 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     tiles = cdiv(outer, block_r)
     warps = _warps(block_r * block_n)
     per = _tiles_per_program(tiles, _resident(sm_count, warps, 2 * block_r * block_n, f64))
-    _rows_bwd_kernel[(cdiv(tiles, per),)](
-        y, g, dx, outer, n // a, sgo // a, per, ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r,
-        BLOCK_N=block_n, EVEN_N=block_n == n, SINGLE=single,
-        NUM_STAGES=2 if per > 1 and single and block_r * block_n <= 8192 else 1, I64=i64,
-        num_warps=warps)
+    ints = (outer, n // a, sgo // a, per)
+    stages = 2 if per > 1 and single and block_r * block_n <= 8192 else 1
+    _ROWS_BWD((y.dtype, g.dtype, dx.dtype, ints, a, log, f64, block_r, block_n, single, stages,
+               i64, warps), (cdiv(tiles, per),), (y, g, dx, *ints),
+              lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r, BLOCK_N=block_n,
+                           EVEN_N=block_n == n, SINGLE=single, NUM_STAGES=stages, I64=i64,
+                           num_warps=warps))
     return dx
 
 
