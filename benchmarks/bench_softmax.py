@@ -239,7 +239,10 @@ def run_backward(smoke: bool, argv: list[str]) -> dict:
         providers = {}
         if wanted("torch"):
             providers["torch"] = lambda: _fwd_bwd(torch.softmax)(x, g, dim)
-        call = op.prepare(x, dim)
+        # The calls timed here run under autograd, which is a decision of its own (its own
+        # memo and cache key): explain and warm that call, not the forward-only one.
+        xg = x.detach().requires_grad_()
+        call = op.prepare(xg, dim)
         for b in op.backends[1:]:
             if wanted(b.name) and b.supports(call) is None:
                 providers[b.name] = (lambda n: lambda: _fwd_bwd(
@@ -252,20 +255,20 @@ def run_backward(smoke: bool, argv: list[str]) -> dict:
             row["ms"][pname] = harness.time_checked(pname, f, ref, None, check, time_ms, row)
         if wanted("auto-cold"):
             harness._fresh_cache("cold")
-            row["auto_cold_choice"] = op.explain(x, dim).choice
+            row["auto_cold_choice"] = op.explain(xg, dim).choice
             row["ms"]["auto-cold"] = harness.time_checked("auto-cold", auto, ref, None, check,
                                                           time_ms, row)
         if wanted("auto-warm"):
             harness._fresh_cache("warm")
-            warm_call("softmax", (x,), {"dim": dim})
+            warm_call("softmax", (xg,), {"dim": dim})
             opselect.forget()
-            row["auto_warm_choice"] = op.explain(x, dim).choice
+            row["auto_warm_choice"] = op.explain(xg, dim).choice
             row["ms"]["auto-warm"] = harness.time_checked("auto-warm", auto, ref, None, check,
                                                           time_ms, row)
         harness._derive(row, op, bw)
         rows.append(row)
         print(harness._line(row), flush=True)
-        del x, g, ref, providers
+        del x, xg, g, ref, providers
         g_holder[0] = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
