@@ -2,7 +2,7 @@
 
 For each case of an op's saved results (benchmarks/results/<gpu>/<op>.json), the model's estimate
 of every backend (host and device parts), its pick (as the dispatcher makes it: the cheapest, or
-torch unless a backend is 7% cheaper), and the regret of that pick against the best measured
+torch unless a backend is 7% cheaper: dispatch.op.choose), and the regret of that pick against the best measured
 backend; then the regret's geometric mean and 90th percentile, the issue's cold-start measure.
 
     python tools/model_regret.py topk h200
@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from opselect.dispatch import get_op  # noqa: E402
 from opselect.dispatch.device import DeviceInfo  # noqa: E402
+from opselect.dispatch.op import choose  # noqa: E402
 from opselect.heuristics.device_model import defaults_for  # noqa: E402
 
 GPUS = {"h200": ("NVIDIA H200", 141), "h100": ("NVIDIA H100 80GB HBM3", 80)}
@@ -49,18 +50,16 @@ def main(op_name: str, gpu: str, show: bool = True) -> tuple[float, float]:
         args, kwargs = case.make(torch.device("meta"))  # shapes and dtypes, no data
         call = op.prepare(*args, **kwargs)
         call.info = info
-        est = {b.name: b.cost(call, model) for b in op.backends if b.supports(call) is None}
-        pick = min(est, key=lambda b: est[b].seconds)
-        if pick != "torch" and est[pick].seconds > 0.93 * est["torch"].seconds:
-            pick = "torch"
+        able = [c for c in op.plan(call, model, check_device=False) if c.supported]
+        pick = choose(able, lambda c: c.predicted_s).name
         measured = {b: v for b, v in rows.get(label, {}).get("ms", {}).items()
-                    if b in est and v}
+                    if v and any(c.name == b for c in able)}
         line = f"{label:<40} pick={pick:<10}"
-        for b, e in est.items():
-            host = e.parts.get("launch", 0.0)
-            dev = sum(v for key, v in e.parts.items() if key != "launch")
-            got = f"/{measured[b] * 1e3:.0f}" if b in measured else ""
-            line += f" {b[:4]}={dev * 1e6:.0f}+{host * 1e6:.0f}h{got}"
+        for c in able:
+            host = c.parts.get("launch", 0.0)
+            dev = sum(v for key, v in c.parts.items() if key != "launch")
+            got = f"/{measured[c.name] * 1e3:.0f}" if c.name in measured else ""
+            line += f" {c.name[:4]}={dev * 1e6:.0f}+{host * 1e6:.0f}h{got}"
         if measured and pick in measured:
             regret = measured[pick] / min(measured.values())
             regrets.append(regret)

@@ -26,6 +26,18 @@ AUTO = ("auto", None)
 TORCH_MARGIN = 0.93
 
 
+def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float]) -> Candidate:
+    """The fastest of the supported candidates by time_of, unless torch (the first, when it can
+    take the call) is within TORCH_MARGIN of it."""
+    best = min(able, key=time_of)
+    safe = able[0] if able[0].name == "torch" else None
+    if safe is not None and best is not safe and time_of(best) > TORCH_MARGIN * time_of(safe):
+        # Within the noise of a measurement (or the error of the model), stay with torch: never
+        # losing to it matters more than a few percent.
+        best = safe
+    return best
+
+
 class Call:
     """A prepared call: arguments normalised as torch does, plus what selection needs.
 
@@ -178,12 +190,7 @@ class Op:
         def time_of(c: Candidate) -> float:
             return c.measured_s if c.measured_s is not None else c.predicted_s
 
-        best = min(able, key=time_of)
-        safe = able[0] if able[0].name == "torch" else None
-        if safe is not None and best is not safe and time_of(best) > TORCH_MARGIN * time_of(safe):
-            # Within the noise of a measurement (or the error of the model), stay with torch:
-            # never losing to it matters more than a few percent.
-            best = safe
+        best = choose(able, time_of)
         if tuned:
             source = "tuning"
         elif all(c.measured_s is not None for c in able):

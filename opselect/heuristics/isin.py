@@ -110,6 +110,9 @@ BITMAP_WIDE_BUILD = 1.25
 #: The share of L2 a table of random atomic updates can use before the updates go to DRAM (a
 #: 32 MB bitmap filled by 16M test values took about 0.5 ms on the H200, twice L2's atomic rate).
 ATOMIC_L2_SHARE = 0.3
+#: An atomic update that misses L2 costs this many random DRAM accesses (a read and a write, and
+#: their queueing: the 256 MB table of 16M test values took 1.25 ms to build on the H200).
+ATOMIC_DRAM_ACCESSES = 2.5
 
 
 def _atomics(n: float, table_bytes: float, model) -> float:
@@ -117,7 +120,7 @@ def _atomics(n: float, table_bytes: float, model) -> float:
     a read and a write of DRAM for the part that does not (16M test values make a 256 MB hash
     table: its build took about 1 ms on the H200, not the 0.3 ms L2 atomics would)."""
     hit = min(1.0, ATOMIC_L2_SHARE * model.l2_bytes / max(table_bytes, 1.0))
-    return n * (hit * model.atomic + (1 - hit) * 2.5 * model.gather_dram)
+    return n * (hit * model.atomic + (1 - hit) * ATOMIC_DRAM_ACCESSES * model.gather_dram)
 
 
 def hash_(call, model, *, local_table_bytes: int, block: int = 4096):
@@ -141,8 +144,9 @@ def bitmap(call, model, *, cap_bits: int, local_bytes: int):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     bit_bytes = cap_bits / 8
     local = bit_bytes <= local_bytes
+    bit_updates = _atomics(n, bit_bytes, model)
     parts = dict(launch=4 * BOUND_LAUNCH + 5 * model.torch_launch, memory=_stream(call, model),
-                 setup=model.stream(bit_bytes) + _atomics(n, bit_bytes, model))
+                 setup=model.stream(bit_bytes) + bit_updates)
     narrow = 1.2 * model.gather(m, 0, on_chip=True) if local else model.gather(m, bit_bytes)
     if s <= 2:  # 8/16-bit integers: the whole range always fits
         return model.estimate(OP, "bitmap", triton=True, probes=narrow, **parts)
@@ -154,7 +158,7 @@ def bitmap(call, model, *, cap_bits: int, local_bytes: int):
     if table_bytes(call) > local_bytes:
         wide *= BITMAP_WIDE_PENALTY
     # The set-up charged the bitmap's updates; a wide range builds the hash set instead.
-    parts["setup"] += 0.5 * (BITMAP_WIDE_BUILD * wide_hash["build"] - _atomics(n, bit_bytes, model))
+    parts["setup"] += 0.5 * (BITMAP_WIDE_BUILD * wide_hash["build"] - bit_updates)
     parts.update(minmax=model.stream(n * s), probes=0.5 * (narrow + wide))
     notes = ("bitmap or hash set, decided on the device from the value range (no host sync)",
              "the model assumes even odds of a narrow range")

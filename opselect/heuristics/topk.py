@@ -288,7 +288,7 @@ def bitonic(call, model):
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
     ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, kpow / BITONIC_WIDE) ** 1.5
-    host = model.launch + _alloc(2, model) + _reshape_host(call, model)
+    host = BOUND_LAUNCH + _alloc(2, model) + _reshape_host(call, model)
     parts = dict(memory=model.stream(R * N * s + _out_bytes(call)),
                  network=ops / (sms * ALU_PER_SM))
     if not call.viewable:
