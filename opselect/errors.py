@@ -23,3 +23,14 @@ class UnsupportedDType(OpselectError, TypeError, RuntimeError):
 
 class CacheWarning(UserWarning):
     """The tune cache could not be read or written; opselect carried on without it."""
+
+
+class UsageError(OpselectError, ValueError):
+    """A command-line mistake (a missing or malformed file, a bad flag value): the CLI prints one
+    line naming the argument and exits 2."""
+
+
+class CacheError(OpselectError, RuntimeError):
+    """The tune cache could not do what a command asked (import into a cache that cannot be
+    written, an export file that cannot be created): the CLI prints one line and exits 1. Calls
+    of the ops never see it: on their path a broken cache is a warning and a fallback."""
