@@ -21,6 +21,7 @@ from opselect.dispatch import tuning_mode
 from opselect.errors import CacheWarning
 from opselect.tune_cache import reset, store
 from opselect.tune_cache.storage import tune_key
+from opselect.tune_cache.textdb import FILE_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,10 +55,30 @@ def _record_key(a, b):
     return tune_key("isin", device_info(k[0]).cache_key, repr(k[1:]))
 
 
-def _raw_cache():
-    import diskcache
+def _db_file() -> Path:
+    return Path(os.environ["OPSELECT_CACHE_DIR"]) / FILE_NAME
 
-    return diskcache.Cache(os.environ["OPSELECT_CACHE_DIR"])
+
+def _raw_get(key: str):
+    con = sqlite3.connect(_db_file())
+    try:
+        return con.execute("SELECT value FROM entries WHERE key = ?", (key,)).fetchone()[0]
+    finally:
+        con.close()
+
+
+def _raw_set(value, key: str | None = None) -> None:
+    """Overwrite the stored value of key (of every row when None), as another program could."""
+    con = sqlite3.connect(_db_file())
+    try:
+        with con:
+            if key is None:
+                con.execute("UPDATE entries SET value = ?", (value,))
+            else:
+                assert con.execute("UPDATE entries SET value = ? WHERE key = ?",
+                                   (value, key)).rowcount == 1
+    finally:
+        con.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -90,7 +111,7 @@ def test_two_processes_share_the_cache(isolated_cache):
 
 def test_corrupt_cache_file_warns_once_and_falls_back(isolated_cache, cpu_triton, fake_measure):
     isolated_cache.mkdir(parents=True, exist_ok=True)
-    (isolated_cache / "cache.db").write_bytes(b"this is not a sqlite database" * 100)
+    (isolated_cache / FILE_NAME).write_bytes(b"this is not a sqlite database" * 100)
     reset()
     a, b = small()
     with pytest.warns(CacheWarning, match="cannot open") as record:
@@ -108,17 +129,15 @@ def test_invalid_record_is_ignored_and_remeasured(cpu_triton, fake_measure):
     a, b = tuned_cache()
     key = _record_key(a, b)
     reset()
-    with _raw_cache() as raw:
-        raw.set(key, '{"schema_version": 1, "op": "isin", "timings": "not a dict"}')
+    _raw_set('{"schema_version": 1, "op": "isin", "timings": "not a dict"}', key)
     opselect.forget()
     with pytest.warns(CacheWarning, match="invalid"):
         d = opselect.explain("isin", a, b, show=False)
     assert d.source == "model"
-    with _raw_cache() as raw:
-        raw.set(key, b"\x00\x01 binary garbage")
+    _raw_set(b"\x00\x01 binary garbage", key)  # a BLOB: rejected before it is decoded
     opselect.forget()
     reset()
-    with pytest.warns(CacheWarning, match="invalid"):
+    with pytest.warns(CacheWarning, match="a BLOB of 17 bytes, not a JSON text record"):
         with tuning():
             assert torch.equal(ops.isin(a, b), torch.isin(a, b))
     opselect.forget()
@@ -129,27 +148,21 @@ def test_stale_fingerprint_is_ignored(cpu_triton, fake_measure):
     a, b = tuned_cache()
     key = _record_key(a, b)
     reset()
-    with _raw_cache() as raw:
-        record = json.loads(raw.get(key))
-        record["fingerprint"]["torch"] = "1.0.0"
-        record["timings"]["torch"]["seconds"] = 1e-9  # would win, if it were trusted
-        raw.set(key, json.dumps(record))
+    record = json.loads(_raw_get(key))
+    record["fingerprint"]["torch"] = "1.0.0"
+    record["timings"]["torch"]["seconds"] = 1e-9  # would win, if it were trusted
+    _raw_set(json.dumps(record), key)
     opselect.forget()
     with pytest.warns(CacheWarning, match=r"other software \(torch 1.0.0 ->"):
         d = opselect.explain("isin", a, b, show=False)
     assert d.source == "model" and d.candidate("torch").measured_s is None
 
 
-def test_locked_database_warns_and_falls_back(cpu_triton, fake_measure, monkeypatch):
-    import opselect.tune_cache.storage as store_mod
-
-    monkeypatch.setattr(store_mod, "LOCK_TIMEOUT_S", 0.05)
+def test_locked_database_warns_and_falls_back(cpu_triton, fake_measure):
     a, b = tuned_cache()
     reset()
     opselect.forget()
-    st = store()
-    st._open()
-    lock = sqlite3.connect(str(Path(os.environ["OPSELECT_CACHE_DIR"]) / "cache.db"), timeout=0.05)
+    lock = sqlite3.connect(_db_file(), timeout=0.05, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     try:
         with warnings.catch_warnings(record=True) as record:
@@ -175,9 +188,7 @@ def test_locked_database_warns_and_falls_back(cpu_triton, fake_measure, monkeypa
 def test_warnings_once_per_kind(cpu_triton, fake_measure):
     a, b = tuned_cache()
     reset()
-    with _raw_cache() as raw:
-        for k in list(raw.iterkeys()):
-            raw.set(k, "garbage")
+    _raw_set("garbage")
     opselect.forget()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -1,4 +1,4 @@
-"""The on-disk tune cache (diskcache + pydantic records). See store.py."""
+"""The on-disk tune cache: pydantic records in a text-only sqlite3 file (textdb.py)."""
 
 from .storage import TuneStore, default_directory, reset, store
 

@@ -1,34 +1,29 @@
-"""The on-disk tune cache: diskcache (SQLite underneath, so safe for many processes at once).
+"""The tune cache's records: what the dispatcher, calibration and the command line ask of it.
 
-Nothing here is on the hot path: the dispatcher asks once per (op, key) and process. Every failure
-(a corrupt file, a locked database, a record that does not validate, one written by other software)
-costs one warning and a fallback: a broken cache is never fatal and never trusted.
+The file underneath is textdb.TextStore (stdlib sqlite3, text rows only, bounded waits, queued
+writes, ownership checks). Nothing here is on the hot path: the dispatcher asks once per (op, key)
+and process. Every failure (a corrupt file, a locked database, a record that does not validate, one
+written by other software) costs one warning and a fallback: a broken cache is never fatal and
+never trusted.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import warnings
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from ..dispatch.device import DeviceInfo
-from ..errors import CacheWarning
+from .notices import forget_warnings, warn_once
+from .textdb import CALL_WAIT_S, CLI_WAIT_S, TextStore
 
-#: How long to wait for another process's write lock before giving up on the cache for this access.
-LOCK_TIMEOUT_S = 2.0
+__all__ = ["CALL_WAIT_S", "TuneStore", "calibration_key", "default_directory", "reset", "store",
+           "tune_key", "warn_once"]
 
-_warned: set[str] = set()
-
-
-def warn_once(kind: str, message: str) -> None:
-    """One warning per kind of trouble per process: a broken cache must not flood the user's log."""
-    if kind in _warned:
-        return
-    _warned.add(kind)
-    warnings.warn(f"opselect tune cache: {message}", CacheWarning, stacklevel=4)
+TUNE_PREFIX = "tune|"
+CALIBRATION_PREFIX = "calibration|"
 
 
 def default_directory() -> Path:
@@ -40,62 +35,35 @@ def default_directory() -> Path:
 
 
 def tune_key(op: str, device: str, key: str) -> str:
-    return f"tune|{device}|{op}|{key}"
+    return f"{TUNE_PREFIX}{device}|{op}|{key}"
 
 
 def calibration_key(device: str) -> str:
-    return f"calibration|{device}"
+    return f"{CALIBRATION_PREFIX}{device}"
 
 
 class TuneStore:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, *, read_only: bool = False):
         self.directory = Path(directory)
-        self._cache: Any = None
-        self._broken = False
-        self._memory: dict[str, str] = {}  # stands in for the disk when the disk cannot be used
+        self.db = TextStore(self.directory, read_only=read_only)
 
-    # -- low level -------------------------------------------------------------------------------
-    def _open(self) -> Any:
-        if self._cache is None and not self._broken:
-            try:
-                import diskcache
+    def patient(self, wait_s: float = CLI_WAIT_S) -> "TuneStore":
+        """For command-line tools: wait up to wait_s for another process's lock, saying so."""
+        self.db.patient(wait_s, lambda msg: print(f"opselect: {msg}", file=sys.stderr, flush=True))
+        return self
 
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._cache = diskcache.Cache(str(self.directory), timeout=LOCK_TIMEOUT_S,
-                                              size_limit=2**30)
-            except Exception as exc:  # noqa: BLE001 - corrupt file, permissions, a full disk ...
-                self._broken = True
-                warn_once("open", f"cannot open {self.directory} ({type(exc).__name__}: {exc}); "
-                                  "tuning results will be kept in memory only for this process")
-        return self._cache
+    @property
+    def path(self) -> Path:
+        return self.db.path
 
-    def _get(self, key: str) -> str | None:
-        cache = self._open()
-        if cache is None:
-            return self._memory.get(key)
-        try:
-            value = cache.get(key, default=None, retry=False)
-            # what could not be written stays in memory for this process
-            return value if value is not None else self._memory.get(key)
-        except Exception as exc:  # noqa: BLE001 - locked or corrupted database
-            warn_once("read", f"cannot read {self.directory} ({type(exc).__name__}: {exc}); "
-                              "falling back to the cost model")
-            return self._memory.get(key)
-
-    def _update(self, key: str, change) -> None:
-        """Read-modify-write one entry inside a transaction, so that two processes tuning different
-        backends of the same key both keep their timings."""
-        cache = self._open()
-        if cache is None:
-            self._memory[key] = change(self._memory.get(key))
-            return
-        try:
-            with cache.transact(retry=False):
-                cache.set(key, change(cache.get(key, default=None)))
-        except Exception as exc:  # noqa: BLE001
-            self._memory[key] = change(self._memory.get(key))
-            warn_once("write", f"cannot write {self.directory} ({type(exc).__name__}: {exc}); "
-                               "keeping this result in memory only")
+    def state(self) -> str:
+        """One line on how the file is used, for the command line."""
+        self.db.ready()  # opens it (and warns about what it refuses)
+        if self.db.readable and self.db.writable:
+            return str(self.db.path)
+        if self.db.readable:
+            return f"{self.db.path} (read-only)"
+        return f"memory only: {self.db.problem}"
 
     def _parse(self, raw: Any, model: Any, what: str) -> Any:
         from pydantic import ValidationError
@@ -103,7 +71,7 @@ class TuneStore:
         if raw is None:
             return None
         try:
-            if not isinstance(raw, (str, bytes)):
+            if not isinstance(raw, str):
                 raise TypeError(f"expected JSON text, found {type(raw).__name__}")
             return model.model_validate_json(raw)
         except (ValidationError, TypeError, ValueError) as exc:
@@ -130,7 +98,11 @@ class TuneStore:
         a backend that failed when measured has seconds = inf."""
         from .records import TuneRecord
 
-        record = self._parse(self._get(tune_key(op, info.cache_key, repr(key))), TuneRecord, op)
+        record = self._parse(self.db.get(tune_key(op, info.cache_key, repr(key))), TuneRecord, op)
+        if record is not None and (record.op, record.key) != (op, repr(key)):
+            warn_once("invalid", f"ignoring an invalid {op} record (it is filed under another "
+                                 f"key); it will be measured again")
+            record = None
         if record is None or not self._check_fingerprint(record, info, op):
             return {}
         out = {}
@@ -143,7 +115,8 @@ class TuneStore:
 
     def put_timings(self, op: str, info: DeviceInfo, key: tuple,
                     timings: dict[str, tuple[float, dict[str, Any], str]]) -> None:
-        """Merge {name: (seconds, config, source_hash)} into the record of this key."""
+        """Merge {name: (seconds, config, source_hash)} into the record of this key (inside one
+        transaction with the read, so processes measuring other backends of it keep theirs)."""
         from .fingerprint import current
         from .records import Timing, TuneRecord
 
@@ -153,18 +126,19 @@ class TuneStore:
 
         def change(raw: str | None) -> str:
             old = self._parse(raw, TuneRecord, op) if raw is not None else None
-            if old is None or old.fingerprint != fp:
+            if old is None or old.fingerprint != fp or (old.op, old.key) != (op, repr(key)):
                 old = TuneRecord(op=op, key=repr(key), fingerprint=fp)
             old.timings.update(new)
             return old.model_dump_json()
 
-        self._update(tune_key(op, info.cache_key, repr(key)), change)
+        self.db.update(tune_key(op, info.cache_key, repr(key)), op, change)
 
     # -- calibration ------------------------------------------------------------------------------
     def get_calibration(self, info: DeviceInfo) -> Any:
         from .records import Calibration
 
-        record = self._parse(self._get(calibration_key(info.cache_key)), Calibration, "calibration")
+        record = self._parse(self.db.get(calibration_key(info.cache_key)), Calibration,
+                             "calibration")
         if record is None or not self._check_fingerprint(record, info, "calibration"):
             return None
         return record
@@ -177,86 +151,55 @@ class TuneStore:
         finite = lambda d: {k: float(v) for k, v in d.items() if math.isfinite(v)}  # noqa: E731
         record = Calibration(fingerprint=current(info), constants=finite(constants),
                              scales=finite(scales))
-        self._update(calibration_key(info.cache_key), lambda _old: record.model_dump_json())
+        text = record.model_dump_json()
+        self.db.update(calibration_key(info.cache_key), None, lambda _old: text)
 
-    # -- whole-cache operations (CLI) -------------------------------------------------------------
-    def raw_items(self) -> Iterator[tuple[str, Any]]:
-        cache = self._open()
-        if cache is None:
-            yield from list(self._memory.items())
-            return
-        try:
-            keys = list(cache.iterkeys())
-        except Exception as exc:  # noqa: BLE001
-            warn_once("read", f"cannot list {self.directory} ({type(exc).__name__}: {exc})")
-            return
-        for k in keys:
-            yield k, self._get(k)
-
-    def records(self) -> Iterator[Any]:
-        """Every valid tune record (any fingerprint), for `opselect show`."""
+    # -- whole-cache operations (command line) ----------------------------------------------------
+    def records(self, op: str | None = None, limit: int | None = None) -> Iterator[Any]:
+        """Valid tune records (any fingerprint) in key order, of op if given, at most limit."""
         from .records import TuneRecord
 
-        for k, raw in self.raw_items():
-            if isinstance(k, str) and k.startswith("tune|"):
-                rec = self._parse(raw, TuneRecord, "tune")
-                if rec is not None:
-                    yield rec
+        given = 0
+        for _key, raw in self.db.rows(TUNE_PREFIX, op):
+            rec = self._parse(raw, TuneRecord, "tune")
+            if rec is not None and (op is None or rec.op == op):
+                yield rec
+                given += 1
+                if limit is not None and given >= limit:
+                    return
+
+    def count_records(self, op: str | None = None) -> int:
+        """Tune rows (of op) that records() reads: one SQL count, however many there are."""
+        return self.db.count(TUNE_PREFIX, op)
 
     def calibrations(self) -> Iterator[Any]:
         from .records import Calibration
 
-        for k, raw in self.raw_items():
-            if isinstance(k, str) and k.startswith("calibration|"):
-                rec = self._parse(raw, Calibration, "calibration")
-                if rec is not None:
-                    yield rec
+        for _key, raw in self.db.rows(CALIBRATION_PREFIX):
+            rec = self._parse(raw, Calibration, "calibration")
+            if rec is not None:
+                yield rec
 
     def clear(self, op: str | None = None) -> int:
-        cache = self._open()
-        n = 0
-        for k, _ in list(self.raw_items()):
-            if op is None or (isinstance(k, str) and k.startswith("tune|") and k.split("|")[-2] == op):
-                n += 1
-                if cache is None:
-                    self._memory.pop(k, None)
-                else:
-                    cache.delete(k, retry=True)
-        return n
+        """Delete every entry, or op's tune entries; returns how many. Deletes rows only, never a
+        file; CacheError when the cache cannot be written."""
+        return self.db.delete(op)
 
     def export(self, path: Path) -> int:
-        entries = []
-        for k, raw in self.raw_items():
-            if isinstance(k, str) and isinstance(raw, str):
-                try:
-                    entries.append({"key": k, "record": json.loads(raw)})
-                except ValueError:
-                    continue
-        Path(path).write_text(json.dumps({"opselect_export": 1, "entries": entries}, indent=1))
-        return len(entries)
+        from .transfer import export_file
+
+        return export_file(self, Path(path))
 
     def import_(self, path: Path) -> tuple[int, int]:
-        """Load an export file; returns (imported, skipped). Each record is validated first."""
-        from .records import Calibration, ExportFile, TuneRecord
+        """Load an export file; returns (imported, skipped). Each record is validated first, and
+        all are written in one transaction (UsageError for a bad file, CacheError when the cache
+        cannot be written: then nothing was imported)."""
+        from .transfer import import_file
 
-        data = ExportFile.model_validate_json(Path(path).read_text())
-        ok = skipped = 0
-        for entry in data.entries:
-            key, record = entry.get("key"), entry.get("record")
-            model = TuneRecord if str(key).startswith("tune|") else Calibration
-            parsed = self._parse(json.dumps(record), model, "imported")
-            if parsed is None or not isinstance(key, str):
-                skipped += 1
-                continue
-            text = parsed.model_dump_json()
-            self._update(key, lambda _old, text=text: text)
-            ok += 1
-        return ok, skipped
+        return import_file(self, Path(path))
 
     def close(self) -> None:
-        if self._cache is not None:
-            self._cache.close()
-            self._cache = None
+        self.db.close()
 
 
 _store: TuneStore | None = None
@@ -279,4 +222,4 @@ def reset() -> None:
     if _store is not None:
         _store.close()
     _store = None
-    _warned.clear()
+    forget_warnings()

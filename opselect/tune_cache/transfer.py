@@ -1,0 +1,240 @@
+"""`opselect export` / `import`: a tuned cache as one JSON file, read as untrusted input.
+
+An import file is bounded before it is parsed: its size (MAX_IMPORT_BYTES), its nesting depth
+(MAX_DEPTH, found by a linear scan: Python's json recurses once per level and would end in a
+RecursionError), and its number of entries (MAX_ENTRIES). Entries are parsed one at a time (so a
+large file costs about twice its size in memory, not ten times), each record is validated by its
+pydantic model and filed under the key derived from it, and all are written in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ..errors import CacheError, UsageError
+from .notices import warn_once
+from .textdb import MAX_KEY_CHARS, MAX_VALUE_CHARS
+
+if TYPE_CHECKING:
+    from .storage import TuneStore
+
+#: about 250,000 tune records of six backends each, as `export` writes them
+MAX_IMPORT_BYTES = 256 << 20
+#: an export nests 6 deep (file, entries, entry, record, timings, timing's config)
+MAX_DEPTH = 32
+MAX_ENTRIES = 1_000_000
+FORMAT = 1
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+# -- export ---------------------------------------------------------------------------------------
+def export_file(st: "TuneStore", path: Path) -> int:
+    """Write every valid record, one entry per line, to path (atomically: a temporary file in the
+    same directory, then a rename). CacheError when path cannot be written."""
+    from .records import Calibration, TuneRecord
+    from .storage import CALIBRATION_PREFIX, TUNE_PREFIX
+
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise CacheError(f"cannot write {path}: {exc.strerror or exc}") from None
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(f'{{"opselect_export": {FORMAT}, "entries": [')
+            for prefix, model, what in ((TUNE_PREFIX, TuneRecord, "tune"),
+                                        (CALIBRATION_PREFIX, Calibration, "calibration")):
+                for key, raw in st.db.rows(prefix):
+                    record = st._parse(raw, model, what)
+                    if record is None:
+                        continue
+                    out.write(("\n" if n == 0 else ",\n")
+                              + f'{{"key": {json.dumps(key)}, "record": {record.model_dump_json()}}}')
+                    n += 1
+            out.write("\n]}\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise CacheError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    return n
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# -- import ---------------------------------------------------------------------------------------
+def import_file(st: "TuneStore", path: Path) -> tuple[int, int]:
+    rows, skipped = read_export(path)
+    try:
+        st.db.replace_many(rows)
+    except CacheError as exc:
+        raise CacheError(f"{exc}; nothing was imported from {path}") from None
+    return len(rows), skipped
+
+
+def read_export(path: Path) -> tuple[list[tuple[str, str | None, str]], int]:
+    """The valid entries of an export file as (key, op, JSON text) rows, and how many were not
+    valid (skipped with one warning). UsageError when the file cannot be read or is malformed."""
+    text = _read_bounded(path)
+    depth = json_depth(text)
+    if depth > MAX_DEPTH:
+        raise UsageError(f"{path}: JSON nested {depth} levels deep, past the limit of {MAX_DEPTH} "
+                         f"(an export nests 6 deep); not imported")
+    rows: list[tuple[str, str | None, str]] = []
+    skipped = 0
+    version = None
+    try:
+        for name, value in _top_level(text, path):
+            if name == "opselect_export":
+                version = value
+                continue
+            if len(rows) + skipped >= MAX_ENTRIES:
+                raise UsageError(f"{path}: more than {MAX_ENTRIES} entries, past the limit; "
+                                 f"not imported")
+            row = _entry_row(value)
+            if row is None:
+                skipped += 1
+            else:
+                rows.append(row)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: "
+                         f"{exc.msg}") from None
+    except RecursionError:  # the depth scan makes this unreachable; never a traceback though
+        raise UsageError(f"{path}: JSON nested too deep (limit {MAX_DEPTH})") from None
+    if version != FORMAT:
+        raise UsageError(f"{path}: not an opselect export file (expected \"opselect_export\": "
+                         f"{FORMAT}, found {version!r})")
+    if skipped:
+        warn_once("invalid", f"ignoring {skipped} invalid record(s) in {path}")
+    return rows, skipped
+
+
+def _read_bounded(path: Path) -> str:
+    try:
+        size = os.stat(path).st_size
+        if size > MAX_IMPORT_BYTES:
+            raise UsageError(f"{path}: {size} bytes, past the import limit of "
+                             f"{MAX_IMPORT_BYTES >> 20} MiB; not imported")
+        with open(path, "rb") as f:
+            data = f.read(MAX_IMPORT_BYTES + 1)  # a device or a growing file: still bounded
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_IMPORT_BYTES:
+        raise UsageError(f"{path}: past the import limit of {MAX_IMPORT_BYTES >> 20} MiB; "
+                         f"not imported")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); not imported") from None
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of [ and { in JSON text, strings skipped: a linear scan that never
+    recurses. For malformed text it counts no less deep than a parser could get before failing."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if not brackets:
+        return 0
+    import numpy as np
+
+    codes = np.frombuffer(brackets.encode("ascii"), dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int64)
+    return int(np.cumsum(steps).max())
+
+
+def _top_level(text: str, path: Path) -> Iterator[tuple[str, Any]]:
+    """("opselect_export", value) and ("entry", each entry) of {"opselect_export": 1,
+    "entries": [...]}, parsing one entry at a time."""
+    decoder = json.JSONDecoder()
+
+    def skip(i: int) -> int:
+        return _SPACE.match(text, i).end()
+
+    def expect(i: int, char: str, what: str) -> int:
+        i = skip(i)
+        if text[i:i + 1] != char:
+            raise json.JSONDecodeError(f"expected {what}", text, i)
+        return i + 1
+
+    i = expect(0, "{", "an object ({\"opselect_export\": 1, \"entries\": [...]})")
+    if text[skip(i):skip(i) + 1] == "}":
+        i = skip(i) + 1
+    else:
+        while True:
+            name, i = decoder.raw_decode(text, skip(i))
+            if not isinstance(name, str):
+                raise json.JSONDecodeError("expected a name", text, i)
+            i = expect(i, ":", "':'")
+            if name == "entries":
+                i = expect(i, "[", "a list of entries")
+                if text[skip(i):skip(i) + 1] == "]":
+                    i = skip(i) + 1
+                else:
+                    while True:
+                        entry, i = decoder.raw_decode(text, skip(i))
+                        yield "entry", entry
+                        i = skip(i)
+                        if text[i:i + 1] == ",":
+                            i += 1
+                            continue
+                        i = expect(i, "]", "',' or ']' after an entry")
+                        break
+            elif name == "opselect_export":
+                value, i = decoder.raw_decode(text, skip(i))
+                yield name, value
+            else:
+                raise UsageError(f"{path}: not an opselect export file (unknown field {name!r})")
+            i = skip(i)
+            if text[i:i + 1] == ",":
+                i += 1
+                continue
+            i = expect(i, "}", "',' or '}'")
+            break
+    if skip(i) != len(text):
+        raise json.JSONDecodeError("extra data after the export", text, skip(i))
+
+
+def _entry_row(entry: Any) -> tuple[str, str | None, str] | None:
+    """(key, op, text) of a valid entry, filed under the key its record implies (an entry whose
+    key says otherwise is not valid); None when not valid."""
+    from pydantic import ValidationError
+
+    from .records import Calibration, TuneRecord
+    from .storage import calibration_key, tune_key
+
+    if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict):
+        return None
+    if set(entry) - {"key", "record"}:
+        return None
+    record, given = entry["record"], entry.get("key")
+    is_tune = isinstance(given, str) and given.startswith("tune|") if given is not None \
+        else "op" in record
+    try:
+        if is_tune:
+            rec = TuneRecord.model_validate(record)
+            key, op = tune_key(rec.op, rec.fingerprint.device, rec.key), rec.op
+        else:
+            rec = Calibration.model_validate(record)
+            key, op = calibration_key(rec.fingerprint.device), None
+    except ValidationError:
+        return None
+    text = rec.model_dump_json()
+    if (given is not None and given != key) or len(key) > MAX_KEY_CHARS \
+            or len(text) > MAX_VALUE_CHARS:
+        return None
+    return key, op, text
