@@ -120,18 +120,20 @@ def _device(name: str | None):
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from .errors import UsageError
     from .tune_cache import store
 
-    st = store()
+    if args.limit < 0:
+        raise UsageError(f"--limit: expected a whole number >= 0, got {args.limit}")
+    st = store().patient()
     console = _console()
-    console.print(f"tune cache: {st.directory}")
+    console.print(f"tune cache: {st.state()}")
+    total = st.count_records(args.op)
     table = Table()
     for h in ("op", "device", "key", "best", "time", "torch", "speedup", "backends", "software"):
         table.add_column(h)
     n = 0
-    for rec in st.records():
-        if args.op and rec.op != args.op:
-            continue
+    for rec in st.records(args.op, args.limit or None):
         n += 1
         best = rec.best()
         torch_t = rec.timings.get("torch")
@@ -146,7 +148,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     for cal in st.calibrations():
         console.print(f"calibration for {cal.fingerprint.device}: "
                       + ", ".join(f"{k}={v:.3g}" for k, v in sorted(cal.constants.items())))
-    console.print(f"{n} tune record(s)")
+    of_op = f" of {args.op}" if args.op else ""
+    if total > n and args.limit:
+        console.print(f"{total} tune record(s){of_op}: the first {n} shown, {total - n} more "
+                      f"(--limit 0 shows all)")
+    else:
+        console.print(f"{n} tune record(s){of_op}")
     return 0
 
 
@@ -209,10 +216,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_clear(args: argparse.Namespace) -> int:
     from .tune_cache import store
 
-    st = store()
+    st = store().patient()
     what = f"the {args.op} entries of" if args.op else "every entry of"
     if not args.yes:
-        answer = input(f"delete {what} {st.directory}? [y/N] ")
+        try:
+            answer = input(f"delete {what} {st.path}? [y/N] ")
+        except EOFError:  # stdin closed: no answer is not a yes
+            answer = ""
+            print()
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1
@@ -223,14 +234,14 @@ def cmd_clear(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .tune_cache import store
 
-    print(f"exported {store().export(Path(args.file))} entries to {args.file}")
+    print(f"exported {store().patient().export(Path(args.file))} entries to {args.file}")
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from .tune_cache import store
 
-    ok, skipped = store().import_(Path(args.file))
+    ok, skipped = store().patient().import_(Path(args.file))
     print(f"imported {ok} entries" + (f", skipped {skipped} invalid ones" if skipped else ""))
     return 0
 
@@ -275,8 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="list the cache's entries", description="List the tune cache: "
                        "per op and key the best backend, its time, torch's time and the software "
-                       "each record was measured under; then any calibration.")
+                       "each record was measured under; then any calibration. Waits up to "
+                       "5 s for another process's lock, and says so.")
     s.add_argument("--op", help="only this op")
+    s.add_argument("--limit", type=int, default=50, metavar="N",
+                   help="show at most N records (default 50; 0: all), then how many more there are")
     s.set_defaults(fn=cmd_show)
 
     e = sub.add_parser("explain", help="show how a call would be dispatched and why",
@@ -299,20 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_calibrate)
 
     cl = sub.add_parser("clear", help="delete cache entries", description="Delete the tune "
-                        "cache's entries (all, or one op's).")
+                        "cache's entries (all, or one op's): rows of its database only, never "
+                        "another file. Without --yes it asks; no answer deletes nothing (exit 1).")
     cl.add_argument("--op", help="only this op's entries")
     cl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     cl.set_defaults(fn=cmd_clear)
 
     ex = sub.add_parser("export", help="write the cache to one JSON file",
-                        description="Write every cache entry to a JSON file, to move a tuned "
-                                    "cache to another machine.")
+                        description="Write every valid cache entry to a JSON file (one entry per "
+                                    "line), to move a tuned cache to another machine.")
     ex.add_argument("file")
     ex.set_defaults(fn=cmd_export)
 
     im = sub.add_parser("import", help="load entries from an exported JSON file",
-                        description="Load an exported JSON file into the cache; every record is "
-                                    "validated, invalid ones are skipped.")
+                        description="Load an exported JSON file into the cache in one "
+                                    "transaction; every record is validated, invalid ones are "
+                                    "skipped. The file is bounded: 256 MiB, 1,000,000 entries, "
+                                    "nesting 32 deep.")
     im.add_argument("file")
     im.set_defaults(fn=cmd_import)
 
@@ -331,10 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cache_dir:
         os.environ["OPSELECT_CACHE_DIR"] = args.cache_dir
-    from .errors import OpselectError
+    from .errors import CacheError, OpselectError
 
     try:
         return int(args.fn(args) or 0)
+    except CacheError as exc:  # a runtime failure, not the user's mistake
+        print(f"opselect {args.command}: {exc}", file=sys.stderr)
+        return 1
     except OpselectError as exc:
         print(f"opselect {args.command}: {exc}", file=sys.stderr)
         return 2
