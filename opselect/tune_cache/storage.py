@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from ..dispatch.device import DeviceInfo
 from .notices import forget_warnings, warn_once
-from .textdb import CALL_WAIT_S, CLI_WAIT_S, TextStore
+from .textdb import CALL_WAIT_S, TextStore
 
 __all__ = ["CALL_WAIT_S", "TuneStore", "calibration_key", "default_directory", "reset", "store",
            "tune_key", "warn_once"]
@@ -47,7 +47,7 @@ class TuneStore:
         self.directory = Path(directory)
         self.db = TextStore(self.directory, read_only=read_only)
 
-    def patient(self, wait_s: float = CLI_WAIT_S) -> "TuneStore":
+    def patient(self, wait_s: float | None = None) -> "TuneStore":
         """For command-line tools: wait up to wait_s for another process's lock, saying so."""
         self.db.patient(wait_s, lambda msg: print(f"opselect: {msg}", file=sys.stderr, flush=True))
         return self

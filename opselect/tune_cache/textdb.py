@@ -224,8 +224,9 @@ class TextStore:
             except sqlite3.Error as exc:
                 _rollback(con)
                 failure = _failure(exc)
-                if (isinstance(failure, _Unusable) and not self.writable and not self._immutable
-                        and "open" in str(failure)):
+                if (not self.writable and not self._immutable and (
+                        isinstance(failure, _ReadOnly)
+                        or (isinstance(failure, _Unusable) and "open" in str(failure)))):
                     self._immutable = True
                     self._drop_connection()
                     continue
@@ -306,13 +307,14 @@ class TextStore:
         """Queue change (the row's new text from its current one) and try to write the queue."""
         with self._pending_lock:
             self._pending.setdefault(key, []).append((op, change))
-        _UNFLUSHED.add(self)
         deadline = time.monotonic() + self.wait_s
         if self._acquire(deadline):
             try:
                 self._flush_locked(deadline, force=True)
             finally:
                 self._db_lock.release()
+        if self._pending and (self.writable or not self._opened):
+            _UNFLUSHED.add(self)  # for the exit (kept alive until then)
 
     def pending(self) -> int:
         with self._pending_lock:
@@ -403,9 +405,12 @@ class TextStore:
         con.execute("COMMIT")
 
     # -- command-line operations ------------------------------------------------------------------
-    def patient(self, wait_s: float = CLI_WAIT_S, announce: Callable[[str], None] | None = None):
-        """Wait up to wait_s for locks from now on (command-line tools), telling `announce`."""
-        self.wait_s, self.announce = wait_s, announce
+    def patient(self, wait_s: float | None = None,
+                announce: Callable[[str], None] | None = None) -> "TextStore":
+        """Wait up to wait_s (CLI_WAIT_S) for locks from now on (command-line tools), telling
+        `announce` when an access starts to wait."""
+        self.wait_s = CLI_WAIT_S if wait_s is None else wait_s
+        self.announce = announce
         return self
 
     def _cli(self, work: Callable[[sqlite3.Connection], object], what: str):
@@ -546,6 +551,8 @@ class TextStore:
                 self._db_lock.release()
 
     def _flush_at_exit(self) -> None:
+        if not self.writable:
+            return  # what it holds is its memory; the warning was given when it stopped writing
         self.wait_s = max(self.wait_s, EXIT_WAIT_S)
         self.close()
         if self.writable and self._pending:
