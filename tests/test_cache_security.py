@@ -643,6 +643,7 @@ def test_import_show_and_export_of_many_records(tmp_path, capsys):
     assert main(["show", "--op", "topk", "--limit", "0"]) == 0
     out = capsys.readouterr().out
     assert "1500 tune record(s) of topk" in out and "isin" not in out.split("tune cache")[1]
+    assert sum(line.startswith("topk\t") for line in out.splitlines()) == 1500  # streamed
     again = tmp_path / "again.json"
     assert main(["export", str(again)]) == 0
     assert "exported 3000 entries" in capsys.readouterr().out
@@ -691,3 +692,34 @@ def test_clear_with_stdin_closed_deletes_nothing(capsys, monkeypatch, cpu_triton
     out = capsys.readouterr()
     assert "nothing deleted" in out.out and "Traceback" not in out.err
     assert store().count_records() == 1
+
+
+def _depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+def test_depth_scan_agrees_with_the_parser():
+    """The scan that bounds an import's nesting, on JSON whose strings hold brackets, quotes and
+    backslashes (escaped every way json.dumps does), against the depth of the parsed value."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    tricky = st.text(alphabet='[]{}"\\/ab\n\u00e9\u4e2d', max_size=12)
+    values = st.recursive(st.none() | st.booleans() | st.integers() | tricky,
+                          lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(tricky, inner, max_size=4), max_leaves=40)
+
+    @settings(max_examples=400, deadline=None)
+    @given(values, st.booleans())
+    def check(value, ascii_only):
+        text = json.dumps(value, ensure_ascii=ascii_only)
+        assert transfer.json_depth(text.encode()) == _depth(value), text
+
+    check()
+    assert transfer.json_depth(b'["\\\\", ["\\"]"]]') == 2
+    assert transfer.json_depth(b"[[[ unterminated") == 3  # malformed: no less deep than a parser
+    assert transfer.json_depth(b'["[[[[ unterminated') == 1
