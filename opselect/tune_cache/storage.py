@@ -17,10 +17,7 @@ from typing import Any, Iterator
 
 from ..dispatch.device import DeviceInfo
 from .notices import forget_warnings, warn_once
-from .textdb import CALL_WAIT_S, TextStore
-
-__all__ = ["CALL_WAIT_S", "TuneStore", "calibration_key", "default_directory", "reset", "store",
-           "tune_key", "warn_once"]
+from .textdb import TextStore
 
 TUNE_PREFIX = "tune|"
 CALIBRATION_PREFIX = "calibration|"
@@ -43,6 +40,9 @@ def calibration_key(device: str) -> str:
 
 
 class TuneStore:
+    """Tune records and calibrations in one directory's TextStore (read_only: a layer that is
+    only read, e.g. a cache shipped with an image)."""
+
     def __init__(self, directory: Path, *, read_only: bool = False):
         self.directory = Path(directory)
         self.db = TextStore(self.directory, read_only=read_only)
