@@ -117,6 +117,10 @@ def _device(name: str | None):
 
 
 # -- show -------------------------------------------------------------------------------------------
+#: above this many rows `show` streams tab-separated lines instead of drawing one table
+SHOW_TABLE_ROWS = 1000
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -129,31 +133,40 @@ def cmd_show(args: argparse.Namespace) -> int:
     console = _console()
     console.print(f"tune cache: {st.state()}")
     total = st.count_records(args.op)
+    heads = ("op", "device", "key", "best", "time", "torch", "speedup", "backends", "software")
+    stream = not args.limit or args.limit > SHOW_TABLE_ROWS
     table = Table()
-    for h in ("op", "device", "key", "best", "time", "torch", "speedup", "backends", "software"):
+    for h in heads:
         table.add_column(h)
+    if stream:
+        print("\t".join(heads))
     n = 0
     for rec in st.records(args.op, args.limit or None):
         n += 1
         best = rec.best()
         torch_t = rec.timings.get("torch")
         fp = rec.fingerprint
-        table.add_row(rec.op, fp.device, rec.key, best[0] if best else "-",
-                      _fmt_s(best[1].seconds) if best else "-",
-                      _fmt_s(torch_t.seconds) if torch_t else "-",
-                      f"{torch_t.seconds / best[1].seconds:.2f}x"
-                      if best and torch_t and torch_t.seconds and best[1].seconds else "-",
-                      str(len(rec.timings)), f"torch {fp.torch}, triton {fp.triton}, opselect {fp.opselect}")
-    console.print(table)
+        row = (rec.op, fp.device, rec.key, best[0] if best else "-",
+               _fmt_s(best[1].seconds) if best else "-",
+               _fmt_s(torch_t.seconds) if torch_t else "-",
+               f"{torch_t.seconds / best[1].seconds:.2f}x"
+               if best and torch_t and torch_t.seconds and best[1].seconds else "-",
+               str(len(rec.timings)), f"torch {fp.torch}, triton {fp.triton}, opselect {fp.opselect}")
+        if stream:  # a table of every row would be drawn only after all were read
+            print("\t".join(row))
+        else:
+            table.add_row(*row)
+    if not stream:
+        console.print(table)
     for cal in st.calibrations():
         console.print(f"calibration for {cal.fingerprint.device}: "
                       + ", ".join(f"{k}={v:.3g}" for k, v in sorted(cal.constants.items())))
     of_op = f" of {args.op}" if args.op else ""
     if total > n and args.limit:
         console.print(f"{total} tune record(s){of_op}: the first {n} shown, {total - n} more "
-                      f"(--limit 0 shows all)")
+                      f"(--limit 0 shows all)", soft_wrap=True)
     else:
-        console.print(f"{n} tune record(s){of_op}")
+        console.print(f"{n} tune record(s){of_op}", soft_wrap=True)
     return 0
 
 
@@ -290,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "5 s for another process's lock, and says so.")
     s.add_argument("--op", help="only this op")
     s.add_argument("--limit", type=int, default=50, metavar="N",
-                   help="show at most N records (default 50; 0: all), then how many more there are")
+                   help="show at most N records (default 50; 0: all), then how many more there "
+                        f"are; past {SHOW_TABLE_ROWS} rows, tab-separated lines instead of a table")
     s.set_defaults(fn=cmd_show)
 
     e = sub.add_parser("explain", help="show how a call would be dispatched and why",
