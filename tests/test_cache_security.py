@@ -33,7 +33,7 @@ from opselect.errors import CacheWarning
 from opselect.tune_cache import TuneStore, reset, store
 from opselect.tune_cache import textdb, transfer
 from opselect.tune_cache.storage import tune_key
-from opselect.tune_cache.textdb import FILE_NAME, MAX_VALUE_CHARS, TextStore
+from opselect.tune_cache.textdb import FILE_NAME, MAX_VALUE_CHARS
 
 ROOT = Path(__file__).resolve().parent.parent
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

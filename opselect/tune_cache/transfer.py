@@ -2,9 +2,10 @@
 
 An import file is bounded before it is parsed: its size (MAX_IMPORT_BYTES), its nesting depth
 (MAX_DEPTH, found by a linear scan: Python's json recurses once per level and would end in a
-RecursionError), and its number of entries (MAX_ENTRIES). Entries are parsed one at a time (so a
-large file costs about twice its size in memory, not ten times), each record is validated by its
-pydantic model and filed under the key derived from it, and all are written in one transaction.
+RecursionError), and its number of entries (MAX_ENTRIES). Entries are parsed one at a time (a
+large file costs about three times its size in memory at the peak, not ten), each record is
+validated by its pydantic model and filed under the key derived from it, and all are written in one
+transaction.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
+
+from pydantic import ValidationError
 
 from ..errors import CacheError, UsageError
 from .notices import warn_once
+from .records import Calibration, TuneRecord
+from .storage import CALIBRATION_PREFIX, TUNE_PREFIX, TuneStore, calibration_key, tune_key
 from .textdb import MAX_KEY_CHARS, MAX_VALUE_CHARS
-
-if TYPE_CHECKING:
-    from .storage import TuneStore
 
 #: about 250,000 tune records of six backends each, as `export` writes them
 MAX_IMPORT_BYTES = 256 << 20
@@ -35,12 +37,9 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 
 # -- export ---------------------------------------------------------------------------------------
-def export_file(st: "TuneStore", path: Path) -> int:
+def export_file(st: TuneStore, path: Path) -> int:
     """Write every valid record, one entry per line, to path (atomically: a temporary file in the
     same directory, then a rename). CacheError when path cannot be written."""
-    from .records import Calibration, TuneRecord
-    from .storage import CALIBRATION_PREFIX, TUNE_PREFIX
-
     directory = path.parent if str(path.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -78,7 +77,7 @@ def _remove(path: str) -> None:
 
 
 # -- import ---------------------------------------------------------------------------------------
-def import_file(st: "TuneStore", path: Path) -> tuple[int, int]:
+def import_file(st: TuneStore, path: Path) -> tuple[int, int]:
     rows, skipped = read_export(path)
     try:
         st.db.replace_many(rows)
@@ -222,17 +221,12 @@ def _top_level(text: str, path: Path) -> Iterator[tuple[str, Any]]:
 def _entry_row(entry: Any) -> tuple[str, str | None, str] | None:
     """(key, op, text) of a valid entry, filed under the key its record implies (an entry whose
     key says otherwise is not valid); None when not valid."""
-    from pydantic import ValidationError
-
-    from .records import Calibration, TuneRecord
-    from .storage import calibration_key, tune_key
-
     if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict):
         return None
     if set(entry) - {"key", "record"}:
         return None
     record, given = entry["record"], entry.get("key")
-    is_tune = isinstance(given, str) and given.startswith("tune|") if given is not None \
+    is_tune = isinstance(given, str) and given.startswith(TUNE_PREFIX) if given is not None \
         else "op" in record
     try:
         if is_tune:
