@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
@@ -98,20 +98,20 @@ def read_export(path: Path) -> tuple[list[tuple[str, str | None, str]], int]:
     del data
     rows: list[tuple[str, str | None, str]] = []
     skipped = 0
-    version = None
+
+    def take(entry: Any) -> None:
+        nonlocal skipped
+        if len(rows) + skipped >= MAX_ENTRIES:
+            raise UsageError(f"{path}: more than {MAX_ENTRIES} entries, past the limit; "
+                             f"not imported")
+        row = _entry_row(entry)
+        if row is None:
+            skipped += 1
+        else:
+            rows.append(row)
+
     try:
-        for name, value in _top_level(text, path):
-            if name == "opselect_export":
-                version = value
-                continue
-            if len(rows) + skipped >= MAX_ENTRIES:
-                raise UsageError(f"{path}: more than {MAX_ENTRIES} entries, past the limit; "
-                                 f"not imported")
-            row = _entry_row(value)
-            if row is None:
-                skipped += 1
-            else:
-                rows.append(row)
+        version = _parse_export(text, path, take)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: "
                          f"{exc.msg}") from None
@@ -166,10 +166,11 @@ def json_depth(data: bytes) -> int:
     return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
-def _top_level(text: str, path: Path) -> Iterator[tuple[str, Any]]:
-    """("opselect_export", value) and ("entry", each entry) of {"opselect_export": 1,
-    "entries": [...]}, parsing one entry at a time."""
+def _parse_export(text: str, path: Path, on_entry: Callable[[Any], None]) -> Any:
+    """Parse {"opselect_export": 1, "entries": [...]} handing each entry to on_entry as soon as
+    it is parsed (one entry's objects at a time); returns the "opselect_export" value."""
     decoder = json.JSONDecoder()
+    found: dict[str, Any] = {}
 
     def skip(i: int) -> int:
         return _SPACE.match(text, i).end()
@@ -180,42 +181,38 @@ def _top_level(text: str, path: Path) -> Iterator[tuple[str, Any]]:
             raise json.JSONDecodeError(f"expected {what}", text, i)
         return i + 1
 
-    i = expect(0, "{", "an object ({\"opselect_export\": 1, \"entries\": [...]})")
-    if text[skip(i):skip(i) + 1] == "}":
-        i = skip(i) + 1
-    else:
+    def sequence(i: int, close: str, item: Callable[[int], int]) -> int:
+        """The items of a ',' separated sequence that `close` ends, each parsed by item."""
+        if text[skip(i):skip(i) + 1] == close:
+            return skip(i) + 1
         while True:
-            name, i = decoder.raw_decode(text, skip(i))
-            if not isinstance(name, str):
-                raise json.JSONDecodeError("expected a name", text, i)
-            i = expect(i, ":", "':'")
-            if name == "entries":
-                i = expect(i, "[", "a list of entries")
-                if text[skip(i):skip(i) + 1] == "]":
-                    i = skip(i) + 1
-                else:
-                    while True:
-                        entry, i = decoder.raw_decode(text, skip(i))
-                        yield "entry", entry
-                        i = skip(i)
-                        if text[i:i + 1] == ",":
-                            i += 1
-                            continue
-                        i = expect(i, "]", "',' or ']' after an entry")
-                        break
-            elif name == "opselect_export":
-                value, i = decoder.raw_decode(text, skip(i))
-                yield name, value
-            else:
-                raise UsageError(f"{path}: not an opselect export file (unknown field {name!r})")
-            i = skip(i)
-            if text[i:i + 1] == ",":
-                i += 1
-                continue
-            i = expect(i, "}", "',' or '}'")
-            break
+            i = skip(item(skip(i)))
+            if text[i:i + 1] != ",":
+                return expect(i, close, f"',' or '{close}'")
+            i += 1
+
+    def entry(i: int) -> int:
+        value, i = decoder.raw_decode(text, i)
+        on_entry(value)
+        return i
+
+    def field(i: int) -> int:
+        name, i = decoder.raw_decode(text, i)
+        if not isinstance(name, str):
+            raise json.JSONDecodeError("expected a name", text, i)
+        i = expect(i, ":", "':'")
+        if name == "entries":
+            return sequence(expect(i, "[", "a list of entries"), "]", entry)
+        if name == "opselect_export":
+            found[name], i = decoder.raw_decode(text, skip(i))
+            return i
+        raise UsageError(f"{path}: not an opselect export file (unknown field {name!r})")
+
+    i = sequence(expect(0, "{", "an object ({\"opselect_export\": 1, \"entries\": [...]})"),
+                 "}", field)
     if skip(i) != len(text):
         raise json.JSONDecodeError("extra data after the export", text, skip(i))
+    return found.get("opselect_export")
 
 
 def _entry_row(entry: Any) -> tuple[str, str | None, str] | None:
