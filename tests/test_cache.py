@@ -17,22 +17,12 @@ import torch
 import opselect
 from opselect import ops
 from opselect.dispatch import device_info, get_op, tuning
-from opselect.dispatch import tuning_mode
 from opselect.errors import CacheWarning
 from opselect.tune_cache import reset, store
 from opselect.tune_cache.storage import tune_key
 from opselect.tune_cache.textdb import FILE_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def fake_measure(monkeypatch):
-    """Tuning without real timing: search is fastest, every backend measured."""
-    times = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
-    monkeypatch.setattr(tuning_mode, "measure_safely",
-                        lambda fn, device, what, **kw: times[what.split("/")[1].split()[0]])
-    return times
 
 
 def small():

@@ -28,7 +28,7 @@ import torch
 import opselect
 from opselect import ops
 from opselect.cli import main
-from opselect.dispatch import device_info, get_op, tuning, tuning_mode
+from opselect.dispatch import device_info, get_op, tuning
 from opselect.errors import CacheWarning
 from opselect.tune_cache import TuneStore, reset, store
 from opselect.tune_cache import textdb, transfer
@@ -40,15 +40,6 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 #: how long the lock holder holds at least; the call under test must return within CALL_BOUND_S
 HOLD_S = 6.0
 CALL_BOUND_S = 1.0
-
-
-@pytest.fixture
-def fake_measure(monkeypatch):
-    """Tuning without real timing (search fastest): records with the real source hashes."""
-    times = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
-    monkeypatch.setattr(tuning_mode, "measure_safely",
-                        lambda fn, device, what, **kw: times[what.split("/")[1].split()[0]])
-    return times
 
 
 def isin_inputs(n: int = 300):
