@@ -29,6 +29,7 @@ import opselect
 from opselect import ops
 from opselect.cli import main
 from opselect.dispatch import device_info, get_op, tuning
+from opselect.dispatch.device import INTERPRETED
 from opselect.errors import CacheWarning
 from opselect.tune_cache import TuneStore, reset, store
 from opselect.tune_cache import textdb, transfer
@@ -42,8 +43,19 @@ HOLD_S = 6.0
 CALL_BOUND_S = 1.0
 
 
-def isin_inputs(n: int = 300):
-    return torch.arange(n) % 37, torch.tensor([1, 5, 7, 36])
+def isin_inputs(n: int = 300, device: str = "cpu"):
+    return torch.arange(n, device=device) % 37, torch.tensor([1, 5, 7, 36], device=device)
+
+
+@pytest.fixture
+def call_device() -> str:
+    """Where the plain calls under test run: the GPU where there is one, else the CPU through
+    Triton's interpreter (so that Triton backends are candidates and the cache is asked)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if not INTERPRETED:
+        pytest.skip("needs a GPU or Triton's interpreter")
+    return "cpu"
 
 
 def cache_warnings(record) -> list[str]:
@@ -99,9 +111,9 @@ def assert_right_topk(got, x: torch.Tensor, k: int) -> None:
 
 # -- planted rows -----------------------------------------------------------------------------------
 def test_pickled_value_under_a_looked_up_key_is_never_unpickled(isolated_cache, tmp_path,
-                                                                cpu_triton):
+                                                                call_device):
     marker = tmp_path / "value-marker"
-    x = torch.randn(4, 256)
+    x = torch.randn(4, 256, device=call_device)
     key = topk_key(x, 8)
     plant(private_dir(isolated_cache), [(key, "topk", live_payload(tmp_path, marker))])
     with warnings.catch_warnings(record=True) as record:
@@ -146,7 +158,8 @@ def _legacy_diskcache(directory: Path, victim: Path, pickled: bytes) -> None:
             ("tag_index", 0), ("eviction_policy", "least-recently-stored"),
             ("size_limit", 2 ** 30), ("cull_limit", 10), ("sqlite_auto_vacuum", 1),
             ("sqlite_cache_size", 8192), ("sqlite_journal_mode", "wal"),
-            ("sqlite_mmap_size", 2 ** 26), ("sqlite_synchronous", 1), ("disk_min_file_size", 2 ** 15),
+            ("sqlite_mmap_size", 2 ** 26), ("sqlite_synchronous", 1),
+            ("disk_min_file_size", 2 ** 15),
             ("disk_pickle_protocol", pickle.HIGHEST_PROTOCOL)])
         con.execute("CREATE TABLE Cache (rowid INTEGER PRIMARY KEY, key BLOB, raw INTEGER, "
                     "store_time REAL, expire_time REAL, access_time REAL, "
@@ -163,7 +176,7 @@ def _legacy_diskcache(directory: Path, victim: Path, pickled: bytes) -> None:
     con.close()
 
 
-def test_legacy_diskcache_file_is_never_opened(isolated_cache, tmp_path, capsys, cpu_triton):
+def test_legacy_diskcache_file_is_never_opened(isolated_cache, tmp_path, capsys, call_device):
     marker = tmp_path / "legacy-marker"
     victim = tmp_path / "victim.txt"
     victim.write_text("the victim's own file")
@@ -187,15 +200,15 @@ def test_legacy_diskcache_file_is_never_opened(isolated_cache, tmp_path, capsys,
             assert main(argv) == 0
         messages = cache_warnings(record)
         assert len(messages) == 1 and "cache.db" in messages[0] and "never opened" in messages[0]
-    x = torch.randn(4, 256)
+    x = torch.randn(4, 256, device=call_device)
     assert_right_topk(ops.topk(x, 8), x, 8)
     assert "0 tune record(s)" in capsys.readouterr().out
     assert victim.read_text() == "the victim's own file" and not marker.exists()
     assert (isolated_cache / "cache.db").read_bytes() == legacy
 
 
-def test_oversized_text_row_is_skipped_before_decoding(isolated_cache, cpu_triton):
-    x = torch.randn(4, 256)
+def test_oversized_text_row_is_skipped_before_decoding(isolated_cache, call_device):
+    x = torch.randn(4, 256, device=call_device)
     plant(private_dir(isolated_cache), [(topk_key(x, 8), "topk", " " * (MAX_VALUE_CHARS + 1))])
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -315,7 +328,8 @@ READ_ONLY_CHILD = textwrap.dedent("""
     a, b = torch.arange(300) % 37, torch.tensor([1, 5, 7, 36])
     os.environ["OPSELECT_CACHE_DIR"] = sys.argv[2]   # warm every lazy import elsewhere first
     opselect.explain("isin", a, b, show=False)
-    store().put_timings("isin", opselect.dispatch.device_info(a.device), ("x",), {"torch": (1, {}, "h")})
+    info = opselect.dispatch.device_info(a.device)
+    store().put_timings("isin", info, ("x",), {"torch": (1, {}, "h")})
     reset(); opselect.forget()
     if int(sys.argv[3]):  # root: become the directory's owner, who cannot write it
         os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[3]))
@@ -396,24 +410,27 @@ CALLER = textwrap.dedent("""
     def report(**what):
         print("REPORT", json.dumps(what), flush=True)
 
+    device = sys.argv[1]
     with warnings.catch_warnings(record=True) as caught:
-        x = torch.randn(4, 256)
+        x = torch.randn(4, 256, device=device)
         start = time.perf_counter()
         got = ops.topk(x, 8)  # a plain call on a key the cache does not hold
         call_s = time.perf_counter() - start
         want = torch.topk(x, 8)
         right = torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
-        held_source = opselect.explain("isin", torch.arange(3000) % 37,
-                                       torch.tensor([1, 5, 7, 36]), show=False).source
+        held_source = opselect.explain("isin", torch.arange(3000, device=device) % 37,
+                                       torch.tensor([1, 5, 7, 36], device=device),
+                                       show=False).source
         start = time.perf_counter()
-        store().put_timings("isin", device_info(x.device), ("queued",), {"torch": (1e-3, {}, "h")})
+        store().put_timings("isin", device_info(x.device), ("queued",),
+                            {"torch": (1e-3, {}, "h")})
         put_s = time.perf_counter() - start
         report(call_s=call_s, right=right, put_s=put_s, queued=store().db.pending(),
                held_source=held_source, opened=store().db.readable,
                warnings=[str(w.message) for w in caught])
     sys.stdin.readline()  # the lock is released now
-    source = opselect.explain("isin", torch.arange(300) % 37, torch.tensor([1, 5, 7, 36]),
-                              show=False).source
+    source = opselect.explain("isin", torch.arange(300, device=device) % 37,
+                              torch.tensor([1, 5, 7, 36], device=device), show=False).source
     report(source=source)
     sys.stdin.readline()  # exit: the queued write is flushed at exit
 """)
@@ -442,7 +459,7 @@ def _tell(proc: subprocess.Popen) -> None:
 @pytest.mark.parametrize("journal, lock", [("wal", "IMMEDIATE"), ("wal", "EXCLUSIVE"),
                                            ("delete", "EXCLUSIVE")])
 def test_a_call_returns_while_another_process_holds_the_lock(isolated_cache, tmp_path,
-                                                             cpu_triton, fake_measure,
+                                                             call_device, fake_measure,
                                                              journal, lock):
     """A writer holds the lock for seconds (HOLD_S, and until the test is done with the caller);
     the caller's plain call on a new key returns the right answer within CALL_BOUND_S, its write
@@ -450,15 +467,16 @@ def test_a_call_returns_while_another_process_holds_the_lock(isolated_cache, tmp
     With a rollback journal an EXCLUSIVE lock blocks even readers: the call uses the model."""
     for n in (300, 3000):  # two keys in the cache: one read under the lock, one after
         with tuning():
-            ops.isin(*isin_inputs(n))
+            ops.isin(*isin_inputs(n, call_device))
     reset()
     db = isolated_cache / FILE_NAME
     if journal != "wal":
         con = sqlite3.connect(db)
         assert con.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
         con.close()
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-           "OPSELECT_CACHE_DIR": str(isolated_cache)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPSELECT_CACHE_DIR": str(isolated_cache)}
+    if call_device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
     err = tmp_path / "stderr.txt"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), lock], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err.open("w"))
@@ -466,7 +484,7 @@ def test_a_call_returns_while_another_process_holds_the_lock(isolated_cache, tmp
     try:
         assert _read_line(holder, 60, err).strip() == "held"
         held_at = time.monotonic()
-        caller = subprocess.Popen([sys.executable, "-c", CALLER], env=env, text=True,
+        caller = subprocess.Popen([sys.executable, "-c", CALLER, call_device], env=env, text=True,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=err.open("w"))
         first = json.loads(_read_line(caller, 300, err).split(" ", 1)[1])
@@ -490,7 +508,7 @@ def test_a_call_returns_while_another_process_holds_the_lock(isolated_cache, tmp
         for proc in (holder, caller):
             if proc is not None and proc.poll() is None:
                 proc.kill()
-    info = device_info(torch.device("cpu"))
+    info = device_info(torch.device(call_device))
     assert TuneStore(isolated_cache).get_timings("isin", info, ("queued",), {"torch": "h"})
 
 

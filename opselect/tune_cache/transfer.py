@@ -55,8 +55,8 @@ def export_file(st: TuneStore, path: Path) -> int:
                     record = st._parse(raw, model, what)
                     if record is None:
                         continue
-                    out.write(("\n" if n == 0 else ",\n")
-                              + f'{{"key": {json.dumps(key)}, "record": {record.model_dump_json()}}}')
+                    entry = f'{{"key": {json.dumps(key)}, "record": {record.model_dump_json()}}}'
+                    out.write(("\n" if n == 0 else ",\n") + entry)
                     n += 1
             out.write("\n]}\n")
         os.replace(tmp, path)

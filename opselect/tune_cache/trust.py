@@ -36,7 +36,7 @@ def untrusted_reason(path: Path) -> str | None:
 
 
 def make_private_directory(path: Path) -> None:
-    """Create `path` (and missing parents) with the last part 0700; an existing one is left as is."""
+    """Create `path` (and missing parents), the last part 0700; an existing one is left as is."""
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
