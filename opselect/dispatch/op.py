@@ -107,6 +107,13 @@ class Op:
                 return choice.backend.run(call, choice.config)
         return choice.backend.run(call, choice.config)
 
+    def chosen(self, call: Call, backend: str | None = None) -> Choice | None:
+        """The choice a run of this call used, or would use from the memo (None: not decided
+        yet in this process)."""
+        if backend is None or backend == "auto":
+            return self._memo.get(call.key)
+        return self._forced.get((backend, call.key))
+
     @property
     def backend_names(self) -> tuple[str, ...]:
         return tuple(self._by_name)
@@ -162,6 +169,10 @@ class Op:
         """Run the chain below the memo for this call: supports, cache, model, and (in tuning mode,
         or with tune=True) measuring whatever the cache lacks. Returns the whole record."""
         tune = _tuning.state.active if tune is None else tune
+        if tune and _tuning.capturing(call.info):
+            # A CUDA graph is being captured: nothing may be measured (no syncs, no allocations
+            # outside the graph's pool); the cache or the model decides, provisionally.
+            tune = False
         candidates = self.plan(call)
         able = [c for c in candidates if c.supported]
         if len(able) == 1:

@@ -41,6 +41,12 @@ def tuning(enabled: bool = True) -> Iterator[None]:
         state.active = previous
 
 
+def capturing(info: Any) -> bool:
+    """True while the current CUDA stream of a CUDA device is capturing a graph: tuning is
+    suspended then (measuring would synchronise and allocate outside the graph's pool)."""
+    return info.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def measure(fn: Callable[[], Any], device: torch.device, *, budget_ms: float = 40.0) -> float:
     """Median seconds of fn() on its device. CUDA: triton's do_bench (device events, L2 flushed
     between runs); CPU: wall clock, a few runs, since interpreted kernels are slow."""
