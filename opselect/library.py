@@ -1,0 +1,408 @@
+"""opselect's ops as torch.library ops, so torch.compile traces them with no graph break and CUDA
+graphs capture them.
+
+Two ops per public function, in the `opselect` namespace:
+
+  opselect.<op>           the op itself (isin, topk, permute, softmax, log_softmax, and
+                          softmax_backward): its kernel runs the dispatcher's choice at run time,
+                          a fake implementation gives the exact shapes, dtypes and strides, and
+                          autograd is registered (softmax and log_softmax backward through
+                          opselect.softmax_backward, which runs the fused backward kernels).
+  opselect.<op>_or_aten   what `ops.<op>` calls while compiling: a CompositeImplicitAutograd op,
+                          so its Python runs at trace time on the traced shapes (never traced by
+                          Dynamo) and leaves either the aten op or opselect.<op> in the graph.
+
+Where a compiled call goes (the rule, decided at trace time; `COMPILED_RULE` below):
+
+  * A forced backend keeps it: backend="torch" is the aten op, any other is opselect.<op>.
+  * Static shapes: the aten op where inductor generates a kernel of its own as good as ours
+    (it fuses that kernel with its neighbours, which an opaque op prevents): permute (a tiled
+    copy), softmax and log_softmax (a fused reduction), and isin with a test set smaller than
+    10 * M**0.145 elements (inductor's isin decomposition compares every element with every test
+    element there, one fused kernel). Elsewhere inductor falls back to ATen (topk) or to sorts
+    and binary searches (larger isin), and the dispatcher's choice for the traced shapes
+    decides: torch's choice is the aten op, any other backend is opselect.<op>.
+  * Dynamic shapes (a symbolic size): permute and softmax stay aten; isin and topk become
+    opselect.<op>, which chooses per call at run time (torch's kernel among the candidates), so
+    no size is guarded and no size recompiles.
+
+The ops are registered with Library.define + impl + register_fake: their dispatch costs 1.7 us
+a call on the CPU against 16 us for torch.library.custom_op and 11 us for triton_op
+(benchmarks/bench_library.py). Eager calls of `ops.*` do not pay even that: they call the
+dispatcher directly and come here only while compiling (torch.compiler.is_compiling()).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from . import usage as _usage
+from .dispatch.op import Op
+from .kernels import isin as _isin
+from .kernels import permute as _permute
+from .kernels import softmax as _softmax
+from .kernels import topk as _topk
+
+#: "auto": the rule in the module's docstring; "dispatcher": the dispatcher's choice wherever the
+#: shapes are static (what opselect would do in eager mode, ignoring what inductor does itself);
+#: "aten": never opselect's op unless a backend is forced. Read at trace time (a graph compiled
+#: earlier keeps its choices). OPSELECT_COMPILED sets it from the environment.
+COMPILED_RULE = os.environ.get("OPSELECT_COMPILED", "auto")
+_RULES = ("auto", "dispatcher", "aten")
+
+#: Ops whose calls with dynamic shapes become opselect's op under the "auto" rule.
+_DYNAMIC_OPSELECT = frozenset({"isin", "topk"})
+
+LIB = torch.library.Library("opselect", "DEF")
+_ops = torch.ops.opselect
+
+LIB.define("isin(Tensor elements, Tensor test_elements, bool assume_unique=False, "
+           "bool invert=False, str? backend=None) -> Tensor")
+LIB.define("topk(Tensor input, SymInt k, int dim=-1, bool largest=True, bool sorted=True, "
+           "str? backend=None) -> (Tensor values, Tensor indices)")
+LIB.define("permute(Tensor input, int[] dims, str? backend=None) -> Tensor")
+LIB.define("softmax(Tensor input, int dim, ScalarType? dtype=None, str? backend=None) -> Tensor")
+LIB.define("log_softmax(Tensor input, int dim, ScalarType? dtype=None, str? backend=None) "
+           "-> Tensor")
+LIB.define("softmax_backward(Tensor output, Tensor grad, int dim, bool log, "
+           "ScalarType grad_dtype) -> Tensor")
+LIB.define("isin_or_aten(Tensor elements, Tensor test_elements, bool assume_unique=False, "
+           "bool invert=False, str? backend=None) -> Tensor")
+LIB.define("topk_or_aten(Tensor input, SymInt k, int dim=-1, bool largest=True, "
+           "bool sorted=True, str? backend=None) -> (Tensor values, Tensor indices)")
+LIB.define("permute_or_aten(Tensor input, int[] dims, str? backend=None) -> Tensor")
+LIB.define("softmax_or_aten(Tensor input, int dim, ScalarType? dtype=None, str? backend=None) "
+           "-> Tensor")
+LIB.define("log_softmax_or_aten(Tensor input, int dim, ScalarType? dtype=None, "
+           "str? backend=None) -> Tensor")
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops' kernels: the dispatcher at run time (below autograd: grad mode off inside, so the
+# eager autograd wrappers of the backends stay out of it)
+# ---------------------------------------------------------------------------------------------
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
+def _run(op: Op, call, backend: Optional[str]):
+    grad = torch.is_grad_enabled()
+    if grad:
+        _set_grad_enabled(False)
+    try:
+        result = op.run(call, backend)
+    finally:
+        if grad:
+            _set_grad_enabled(True)
+    choice = op.chosen(call, backend)
+    _usage.record(op.name, choice.backend.name if choice is not None else "torch")
+    return result
+
+
+def _isin_kernel(elements, test_elements, assume_unique=False, invert=False, backend=None):
+    call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert)
+    return _run(_isin.OP, call, backend)
+
+
+def _topk_kernel(input, k, dim=-1, largest=True, sorted=True, backend=None):
+    # Each output a tensor of its own (the schema's outputs alias nothing).
+    values, indices = _run(_topk.OP, _topk.prepare(input, int(k), dim, largest, sorted), backend)
+    return values, indices
+
+
+def _permute_kernel(input, dims, backend=None):
+    return _run(_permute.OP, _permute.prepare(input, list(dims)), backend)
+
+
+def _softmax_kernel(input, dim, dtype=None, backend=None):
+    return _run(_softmax.SOFTMAX_OP, _softmax.prepare_softmax(input, dim, dtype=dtype), backend)
+
+
+def _log_softmax_kernel(input, dim, dtype=None, backend=None):
+    return _run(_softmax.LOG_SOFTMAX_OP, _softmax.prepare_log_softmax(input, dim, dtype=dtype),
+                backend)
+
+
+def _softmax_backward_kernel(output, grad, dim, log, grad_dtype):
+    from .dispatch.device import device_info
+
+    if not device_info(output.device).runs_triton:
+        # In the output's dtype, then cast: torch's CPU kernels take no mixed dtypes.
+        fn = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+        return fn(grad, output, dim, output.dtype).to(grad_dtype)
+    if output.is_cuda and output.device.index != torch.cuda.current_device():
+        with torch.cuda.device(output.device):
+            return _softmax.backward(output.contiguous(), grad, dim, log, grad_dtype)
+    return _softmax.backward(output.contiguous(), grad, dim, log, grad_dtype)
+
+
+for _name, _fn in (("isin", _isin_kernel), ("topk", _topk_kernel), ("permute", _permute_kernel),
+                   ("softmax", _softmax_kernel), ("log_softmax", _log_softmax_kernel),
+                   ("softmax_backward", _softmax_backward_kernel)):
+    LIB.impl(_name, _fn, "CompositeExplicitAutograd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake implementations: the outputs' metadata, exactly as the kernels make them (every output is
+# a new contiguous tensor, as torch's own ops return)
+# ---------------------------------------------------------------------------------------------
+def _wrap(dim: int, rank: int, what: str) -> int:
+    span = max(rank, 1)
+    if not -span <= dim < span:
+        raise IndexError(f"{what}: dim {dim} is out of range for a {rank}-d input "
+                         f"(expected [{-span}, {span - 1}])")
+    return dim % span
+
+
+@torch.library.register_fake("opselect::isin", lib=LIB)
+def _isin_fake(elements, test_elements, assume_unique=False, invert=False, backend=None):
+    return elements.new_empty(elements.shape, dtype=torch.bool)
+
+
+@torch.library.register_fake("opselect::topk", lib=LIB)
+def _topk_fake(input, k, dim=-1, largest=True, sorted=True, backend=None):
+    d = _wrap(dim, input.dim(), "topk")
+    shape = list(input.shape)
+    if shape:
+        shape[d] = k
+    return input.new_empty(shape), input.new_empty(shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("opselect::permute", lib=LIB)
+def _permute_fake(input, dims, backend=None):
+    return input.new_empty([input.shape[d] for d in dims])
+
+
+def _softmax_fake(input, dim, dtype=None, backend=None):
+    _wrap(dim, input.dim(), "softmax")
+    return input.new_empty(input.shape, dtype=dtype if dtype is not None else input.dtype)
+
+
+torch.library.register_fake("opselect::softmax", _softmax_fake, lib=LIB)
+torch.library.register_fake("opselect::log_softmax", _softmax_fake, lib=LIB)
+
+
+@torch.library.register_fake("opselect::softmax_backward", lib=LIB)
+def _softmax_backward_fake(output, grad, dim, log, grad_dtype):
+    return output.new_empty(output.shape, dtype=grad_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------------------------
+def _softmax_setup(ctx, inputs, output):
+    x, dim, dtype = inputs[0], inputs[1], inputs[2]
+    ctx.save_for_backward(output)
+    ctx.dim = dim % max(x.dim(), 1)
+    ctx.in_dtype = x.dtype
+    out_dtype = dtype if dtype is not None else x.dtype
+    # A widening cast is part of the kernels' load: dx comes out in the input's dtype. A
+    # narrowing one rounds the input first (as torch does): dx is the cast input's, then cast back.
+    ctx.grad_dtype = x.dtype if (x.dtype, out_dtype) in _softmax._WIDENING else out_dtype
+
+
+def _softmax_grad(log: bool):
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # A graph of the backward is wanted (double backward): differentiable torch ops.
+            d = ctx.dim if y.dim() else None
+            if log:
+                dx = g - torch.exp(y) * (g.sum(d, keepdim=True) if d is not None else g)
+            else:
+                dx = y * (g - ((g * y).sum(d, keepdim=True) if d is not None else g * y))
+            dx = dx.to(ctx.grad_dtype)
+        else:
+            dx = _ops.softmax_backward(y, g, ctx.dim, log, ctx.grad_dtype)
+        if dx.dtype != ctx.in_dtype:
+            dx = dx.to(ctx.in_dtype)
+        return dx, None, None, None
+
+    return backward
+
+
+torch.library.register_autograd("opselect::softmax", _softmax_grad(False),
+                                setup_context=_softmax_setup, lib=LIB)
+torch.library.register_autograd("opselect::log_softmax", _softmax_grad(True),
+                                setup_context=_softmax_setup, lib=LIB)
+
+
+def _topk_setup(ctx, inputs, output):
+    x, dim = inputs[0], inputs[2]
+    ctx.save_for_backward(output[1])
+    ctx.shape, ctx.dim = x.shape, dim % max(x.dim(), 1)
+
+
+def _topk_backward(ctx, g_values, g_indices):
+    (indices,) = ctx.saved_tensors
+    if not ctx.shape:
+        return g_values.clone(), None, None, None, None, None
+    # Each selected position gets its value's gradient (the indices of one row are distinct).
+    dx = g_values.new_zeros(ctx.shape).scatter(ctx.dim, indices, g_values)
+    return dx, None, None, None, None, None
+
+
+torch.library.register_autograd("opselect::topk", _topk_backward, setup_context=_topk_setup,
+                                lib=LIB)
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.dims = list(inputs[1])
+
+
+def _permute_backward(ctx, g):
+    inverse = [0] * len(ctx.dims)
+    for i, d in enumerate(ctx.dims):
+        inverse[d] = i
+    return g.permute(inverse), None, None
+
+
+torch.library.register_autograd("opselect::permute", _permute_backward,
+                                setup_context=_permute_setup, lib=LIB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace-time choice: the aten op or opselect's
+# ---------------------------------------------------------------------------------------------
+def _symbolic(*values) -> bool:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if any(isinstance(s, torch.SymInt) for s in v.shape):
+                return True
+        elif isinstance(v, torch.SymInt):
+            return True
+    return False
+
+
+def _placed(op: Op, backend: Optional[str], shapes: Sequence[Any],
+            inductor_takes: Callable[[], bool], make_call: Callable[[], Any] | None) -> bool:
+    """Whether a compiled call of `op` becomes opselect's op (True) or the aten op (False).
+    make_call None: the call cannot be prepared from traced tensors (permute reads the data
+    pointer's alignment), so opselect's op decides at run time."""
+    if backend is not None and backend != "auto":
+        if make_call is not None and not _symbolic(*shapes):
+            op._force(make_call(), backend)  # refused here, at trace time, as in eager mode
+        else:
+            op.backend(backend)  # an unknown name fails here, naming the valid ones
+        placed = backend != "torch"
+    else:
+        rule = COMPILED_RULE if COMPILED_RULE in _RULES else "auto"
+        if rule == "aten":
+            placed = False
+        elif _symbolic(*shapes):
+            placed = rule == "dispatcher" or op.name in _DYNAMIC_OPSELECT
+        elif rule == "auto" and inductor_takes():
+            placed = False
+        elif make_call is None:
+            placed = True
+        else:
+            call = make_call()  # the op's argument errors are raised here, at trace time
+            if not call.info.runs_triton:
+                placed = False
+            else:
+                choice = op.chosen(call)
+                # tune=False: the inputs are fake while tracing; nothing can be measured.
+                name = choice.backend.name if choice else op.decide(call, tune=False).choice
+                placed = name != "torch"
+    _usage.record_trace(op.name, "opselect" if placed else "aten")
+    return placed
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False
+
+
+def _flat_test(test: torch.Tensor) -> torch.Tensor:
+    # torch.isin fails on a non-contiguous multi-dimensional test set (torch 2.11-2.13).
+    return test.reshape(-1) if test.dim() > 1 else test
+
+
+def _isin_or_aten(elements, test_elements, assume_unique=False, invert=False, backend=None):
+    # torch._decomp's isin compares every element with every test element below this test-set
+    # size: one kernel, which inductor fuses with its neighbours.
+    if _placed(_isin.OP, backend, (elements, test_elements),
+               lambda: test_elements.numel() < 10.0 * elements.numel() ** 0.145,
+               lambda: _isin.prepare(elements, test_elements, assume_unique=assume_unique,
+                                     invert=invert)):
+        return _ops.isin(elements, test_elements, assume_unique, invert, backend)
+    return torch.isin(elements, _flat_test(test_elements), assume_unique=assume_unique,
+                      invert=invert)
+
+
+def _topk_or_aten(input, k, dim=-1, largest=True, sorted=True, backend=None):
+    if _placed(_topk.OP, backend, (input, k), _never,
+               lambda: _topk.prepare(input, k, dim, largest, sorted)):
+        return _ops.topk(input, k, dim, largest, sorted, backend)
+    values, indices = torch.topk(input, k, dim, largest, sorted)
+    return values, indices
+
+
+def _permute_or_aten(input, dims, backend=None):
+    if _placed(_permute.OP, backend, (input,), _always,
+               None if type(input) is not torch.Tensor else
+               lambda: _permute.prepare(input, list(dims))):
+        return _ops.permute(input, dims, backend)
+    return input.permute(dims).clone(memory_format=torch.contiguous_format)
+
+
+def _softmax_or_aten(log: bool):
+    op = _softmax.LOG_SOFTMAX_OP if log else _softmax.SOFTMAX_OP
+    prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
+    kernel = _ops.log_softmax if log else _ops.softmax
+    aten = torch.log_softmax if log else torch.softmax
+
+    def or_aten(input, dim, dtype=None, backend=None):
+        if _placed(op, backend, (input,), _always, lambda: prepare(input, dim, dtype=dtype)):
+            return kernel(input, dim, dtype, backend)
+        return aten(input, dim, dtype=dtype)
+
+    return or_aten
+
+
+for _name, _fn in (("isin_or_aten", _isin_or_aten), ("topk_or_aten", _topk_or_aten),
+                   ("permute_or_aten", _permute_or_aten),
+                   ("softmax_or_aten", _softmax_or_aten(False)),
+                   ("log_softmax_or_aten", _softmax_or_aten(True))):
+    LIB.impl(_name, _fn, "CompositeImplicitAutograd")
+
+
+# ---------------------------------------------------------------------------------------------
+# What ops.* call while compiling (traced by Dynamo: plain Python over the arguments)
+# ---------------------------------------------------------------------------------------------
+def isin(elements, test_elements, assume_unique, invert, out, backend):
+    if out is None and isinstance(elements, torch.Tensor) and isinstance(test_elements,
+                                                                         torch.Tensor):
+        return _ops.isin_or_aten(elements, test_elements, assume_unique, invert, backend)
+    # A Python number on either side, or out=: torch's own op (it takes both).
+    if isinstance(test_elements, torch.Tensor):
+        test_elements = _flat_test(test_elements)
+    if out is not None:
+        return torch.isin(elements, test_elements, assume_unique=assume_unique, invert=invert,
+                          out=out)
+    return torch.isin(elements, test_elements, assume_unique=assume_unique, invert=invert)
+
+
+def topk(input, k, dim, largest, sorted, backend):
+    values, indices = _ops.topk_or_aten(input, k, dim, largest, sorted, backend)
+    return torch.return_types.topk((values, indices))
+
+
+def permute(input, dims, out, backend):
+    result = _ops.permute_or_aten(input, list(dims), backend)
+    if out is not None:
+        return out.copy_(result)
+    return result
+
+
+def softmax(input, dim, dtype, backend):
+    return _ops.softmax_or_aten(input, dim, dtype, backend)
+
+
+def log_softmax(input, dim, dtype, backend):
+    return _ops.log_softmax_or_aten(input, dim, dtype, backend)
