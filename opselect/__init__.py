@@ -6,6 +6,8 @@ the fastest for every call from its shape, dtype and device.
     ops.isin(a, b, backend="hash")       # forced
     opselect.explain("isin", a, b)       # why that choice
     with opselect.tuning(): ...          # measure unseen shapes on the spot
+    opselect.enable()                    # a program's own torch calls through opselect
+    torch.compile(fn)                    # ops.* and routed calls stay in the graph (library.py)
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 from . import ops
 from ._version import __version__
 from .dispatch import Decision, get_op, tuning
+from .routing import disable, enable, enabled, is_enabled
+from .usage import reset_stats, stats
 
 
 def explain(op: str, *args: Any, backend: str | None = None, show: bool = True,
@@ -38,4 +42,5 @@ def forget() -> None:
     forget_models()
 
 
-__all__ = ["Decision", "__version__", "explain", "forget", "ops", "tuning"]
+__all__ = ["Decision", "__version__", "disable", "enable", "enabled", "explain", "forget",
+           "is_enabled", "ops", "reset_stats", "stats", "tuning"]
