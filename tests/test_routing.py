@@ -1,0 +1,279 @@
+"""opselect.enable(): a program's own torch calls through opselect, eager and compiled; calls it
+does not take reach torch untouched; no recursion; stats."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+import opselect
+from opselect.routing import _view_strides
+
+FORCED = {"softmax": "fused", "log_softmax": "strided", "topk": "bitonic", "isin": "hash",
+          "permute": "naive"}
+
+
+@pytest.fixture(autouse=True)
+def _never_left_enabled():
+    opselect.reset_stats()
+    yield
+    while opselect.is_enabled():
+        opselect.disable()
+
+
+def _x(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _ints(*shape, seed=0, high=40):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def calls(op: str) -> dict:
+    return opselect.stats().get(op, {}).get("backends", {})
+
+
+# Every routed form: (op, fn, make args). fn is what a user program calls.
+FORMS = [
+    ("softmax", lambda x: torch.softmax(x, -1), lambda: (_x(6, 40),)),
+    ("softmax", lambda x: torch.softmax(x, 1, dtype=torch.float64), lambda: (_x(6, 40),)),
+    ("softmax", lambda x: F.softmax(x, dim=-1), lambda: (_x(6, 40),)),
+    ("softmax", lambda x: F.softmax(x, 1, 3, torch.float32), lambda: (_x(6, 40, dtype=torch.float16),)),
+    ("softmax", lambda x: x.softmax(-1), lambda: (_x(6, 40),)),
+    ("softmax", lambda x: torch.special.softmax(x, 1), lambda: (_x(6, 40),)),
+    ("softmax", lambda x: torch.nn.Softmax(dim=-1)(x), lambda: (_x(6, 40),)),
+    ("log_softmax", lambda x: torch.log_softmax(x, 0), lambda: (_x(6, 40),)),
+    ("log_softmax", lambda x: F.log_softmax(x, dim=0), lambda: (_x(6, 40),)),
+    ("log_softmax", lambda x: x.log_softmax(dim=0), lambda: (_x(6, 40),)),
+    ("log_softmax", lambda x: torch.special.log_softmax(x, 0), lambda: (_x(6, 40),)),
+    ("topk", lambda x: torch.topk(x, 5), lambda: (_x(6, 40),)),
+    ("topk", lambda x: torch.topk(x, 5, dim=0, largest=False), lambda: (_x(40, 6),)),
+    ("topk", lambda x: x.topk(3, -1, True, True), lambda: (_x(6, 40),)),
+    ("topk", lambda x: x.topk(k=3, sorted=True), lambda: (_x(6, 40),)),
+    ("isin", lambda a, b: torch.isin(a, b), lambda: (_ints(50), _ints(9, seed=1))),
+    ("isin", lambda a, b: torch.isin(a, b, invert=True), lambda: (_ints(5, 10), _ints(9, seed=1))),
+    ("isin", lambda a, b: torch.isin(elements=a, test_elements=b), lambda: (_ints(50), _ints(9, seed=1))),
+    ("permute", lambda x: x.permute(0, 2, 1, 3).contiguous(), lambda: (_x(2, 5, 3, 4),)),
+    ("permute", lambda x: x.transpose(1, 2).contiguous(), lambda: (_x(2, 5, 3, 4),)),
+    ("permute", lambda x: x.t().contiguous(), lambda: (_x(7, 9),)),
+    ("permute", lambda x: x.transpose(1, 2).reshape(2, 3, -1), lambda: (_x(2, 5, 3, 4),)),
+    ("permute", lambda x: torch.reshape(x.permute(2, 0, 1), (-1,)), lambda: (_x(2, 5, 3),)),
+    ("permute", lambda x: x.transpose(0, 1).reshape([4, 15]), lambda: (_x(5, 4, 3),)),
+]
+
+
+def _equal(got, want):
+    if isinstance(want, torch.Tensor):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.stride() == want.stride()
+        if want.dtype.is_floating_point:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(got, want)
+    else:
+        assert type(got) is type(want)
+        _equal(got.values, want.values)  # topk: values equal; indices where values are distinct
+        _equal(got.indices, want.indices)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "kernels"])
+@pytest.mark.parametrize("index", range(len(FORMS)))
+def test_every_form_is_routed(cpu_triton, index, forced):
+    op, fn, make = FORMS[index]
+    args = make()
+    want = fn(*args)
+    with opselect.enabled(backends=FORCED if forced else None):
+        got = fn(*args)
+    _equal(got, want)
+    ran = calls(op)
+    assert sum(ran.values()) == 1, opselect.stats()  # exactly once: no recursion, no re-entry
+    assert list(ran) == [FORCED[op] if forced else "torch"]
+    assert sum(v["calls"] for v in opselect.stats().values()) == 1
+
+
+# Calls opselect does not take: torch's own function gets them untouched.
+PASSED = [
+    ("softmax of ints", lambda: torch.softmax(_ints(4, 5), -1)),
+    ("implicit softmax dim", lambda: F.softmax(_x(4, 5))),
+    ("sparse softmax input", lambda: torch.sparse.softmax(_x(4, 5).to_sparse(), 1)),
+    ("topk out=", lambda: torch.topk(_x(4, 9), 2, out=(torch.empty(0), torch.empty(0, dtype=torch.long)))),
+    ("topk of bool", lambda: torch.topk(_x(4, 9) > 0, 2)),
+    ("isin with a scalar", lambda: torch.isin(_ints(9), 3)),
+    ("isin of bool", lambda: torch.isin(_ints(9) > 3, torch.tensor([True]))),
+    ("contiguous of a sliced view", lambda: _x(6, 8)[:, ::2].contiguous()),
+    ("contiguous already", lambda: _x(6, 8).contiguous()),
+    ("channels_last", lambda: _x(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)),
+    ("reshape that views", lambda: _x(4, 6).t().reshape(6, 2, 2)),
+    ("reshape of contiguous", lambda: _x(4, 6).reshape(-1)),
+    ("reshape of a sliced view", lambda: _x(6, 8)[:, ::2].reshape(-1)),
+]
+
+
+def _outcome(make):
+    try:
+        result = make()
+    except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
+        return None, (type(exc), str(exc))
+    if isinstance(result, tuple) and not hasattr(result, "values"):
+        result = result[0]
+    return result, None
+
+
+@pytest.mark.parametrize("case", PASSED, ids=[p[0] for p in PASSED])
+def test_other_calls_reach_torch_untouched(case):
+    """Torch's result, or torch's own error, and opselect counts nothing."""
+    _, make = case
+    want, want_error = _outcome(make)
+    with opselect.enabled():
+        got, error = _outcome(make)
+    assert error == want_error
+    if want_error is None:
+        _equal(got, want)
+    assert opselect.stats() == {}
+
+
+def test_reshape_view_keeps_aliasing():
+    x = _x(4, 6)
+    with opselect.enabled():
+        view = x.t().reshape(6, 2, 2)
+        same = x.contiguous()
+    assert view.data_ptr() == x.data_ptr() and same is x
+    assert opselect.stats() == {}
+
+
+def test_view_strides_agree_with_torch():
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for _ in range(400):
+        rank = int(torch.randint(1, 5, (1,), generator=gen))
+        shape = [int(v) for v in torch.randint(1, 4, (rank,), generator=gen)]
+        x = torch.empty(shape).permute(*torch.randperm(rank, generator=gen).tolist())
+        sizes = list(x.shape)
+        # a random regrouping of the elements into a new shape
+        new = [v for s in sizes for v in ((s,) if s < 2 or torch.rand(1, generator=gen) < .5
+                                           else (1, s))]
+        if len(new) > 1 and torch.rand(1, generator=gen) < 0.5:
+            i = int(torch.randint(0, len(new) - 1, (1,), generator=gen))
+            new[i:i + 2] = [new[i] * new[i + 1]]
+        mine = _view_strides(tuple(x.shape), x.stride(), tuple(new))
+        try:
+            theirs = list(x.view(new).stride())
+        except RuntimeError:
+            theirs = None
+        assert mine == theirs or (mine is not None and theirs is not None and all(
+            a == b or n == 1 for a, b, n in zip(mine, theirs, new))), (x.shape, x.stride(), new)
+        checked += theirs is None
+    assert checked > 10  # both outcomes were exercised
+
+
+def test_enable_disable_round_trip(cpu_triton):
+    x = _x(4, 30)
+    assert not opselect.is_enabled()
+    opselect.enable(ops=["softmax"])
+    assert opselect.is_enabled()
+    torch.softmax(x, -1)
+    torch.topk(x, 2)  # not among the routed ops
+    opselect.enable(ops=["topk"], backends={"topk": "bitonic"})  # reconfigures
+    torch.softmax(x, -1)
+    torch.topk(x, 2)
+    opselect.disable()
+    opselect.disable()  # a no-op now
+    assert not opselect.is_enabled()
+    torch.softmax(x, -1)
+    torch.topk(x, 2)
+    assert opselect.stats()["softmax"]["calls"] == 1
+    assert opselect.stats()["topk"]["backends"] == {"bitonic": 1}
+
+
+def test_enabled_nests_and_restores(cpu_triton):
+    x = _x(4, 30)
+    with opselect.enabled(ops=["softmax"]):
+        with opselect.enabled(ops=["topk"], backends={"topk": "sort"}):
+            torch.topk(x, 2)
+            torch.softmax(x, -1)
+        torch.topk(x, 2)
+        torch.softmax(x, -1)
+    assert not opselect.is_enabled()
+    assert opselect.stats()["topk"]["backends"] == {"sort": 1}
+    assert opselect.stats()["softmax"]["calls"] == 1
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown op 'matmul'"):
+        opselect.enable(ops=["matmul"])
+    with pytest.raises(opselect.errors.BackendError, match="nope"):
+        opselect.enable(backends={"softmax": "nope"})
+    with pytest.raises(ValueError, match="not among the routed ops"):
+        opselect.enable(ops=["topk"], backends={"softmax": "fused"})
+    assert not opselect.is_enabled()
+
+
+def test_disable_refuses_under_another_mode():
+    class Other(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    opselect.enable()
+    other = Other()
+    other.__enter__()
+    try:
+        with pytest.raises(RuntimeError, match="another torch function mode"):
+            opselect.disable()
+    finally:
+        other.__exit__(None, None, None)
+    opselect.disable()
+    assert not opselect.is_enabled()
+
+
+def test_per_thread(cpu_triton):
+    seen = []
+
+    def work():
+        torch.softmax(_x(3, 5), -1)
+        seen.append(opselect.is_enabled())
+
+    with opselect.enabled():
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    assert seen == [False] and opselect.stats() == {}
+
+
+def test_autograd_through_routed_softmax(cpu_triton):
+    x = _x(5, 40).requires_grad_()
+    g = _x(5, 40, seed=1)
+    (torch.softmax(x, -1) * g).sum().backward()
+    want = x.grad.clone()
+    x.grad = None
+    with opselect.enabled(backends={"softmax": "fused"}):
+        (F.softmax(x, dim=-1) * g).sum().backward()
+    torch.testing.assert_close(x.grad, want)
+    assert calls("softmax") == {"fused": 1}
+
+
+def every_torch_op(x, a, b, m):
+    return (F.softmax(x * 2, dim=-1) + 1, torch.log_softmax(x, 0), x.topk(3).values * 2,
+            torch.isin(a + 1, b), m.permute(0, 2, 1, 3).contiguous() + 1,
+            m.transpose(1, -1).reshape(2, -1))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_under_enable(cpu_triton, backend):
+    args = (_x(6, 40), _ints(100), _ints(20, seed=1), _x(2, 3, 6, 5, seed=2))
+    want = every_torch_op(*args)
+    torch._dynamo.reset()
+    with opselect.enabled(backends=FORCED):
+        got = torch.compile(every_torch_op, backend=backend, fullgraph=True)(*args)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(every_torch_op)(*args)
+    for g, w in zip(got, want):
+        _equal(g, w)
+    assert explained.graph_break_count == 0
+    stats = opselect.stats()
+    for op in ("softmax", "log_softmax", "topk", "isin", "permute"):
+        assert stats[op]["traced"].get("opselect"), (op, stats)
+        assert stats[op]["backends"] == {FORCED[op]: stats[op]["calls"]}, (op, stats)
