@@ -35,6 +35,7 @@ dispatcher directly and come here only while compiling (torch.compiler.is_compil
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -50,8 +51,12 @@ from .kernels import topk as _topk
 #: shapes are static (what opselect would do in eager mode, ignoring what inductor does itself);
 #: "aten": never opselect's op unless a backend is forced. Read at trace time (a graph compiled
 #: earlier keeps its choices). OPSELECT_COMPILED sets it from the environment.
-COMPILED_RULE = os.environ.get("OPSELECT_COMPILED", "auto")
 _RULES = ("auto", "dispatcher", "aten")
+COMPILED_RULE = os.environ.get("OPSELECT_COMPILED", "auto")
+if COMPILED_RULE not in _RULES:
+    warnings.warn(f"opselect: OPSELECT_COMPILED={COMPILED_RULE!r} is not one of {_RULES}; "
+                  "using 'auto'", UserWarning, stacklevel=2)
+    COMPILED_RULE = "auto"
 
 #: Ops whose calls with dynamic shapes become opselect's op under the "auto" rule.
 _DYNAMIC_OPSELECT = frozenset({"isin", "topk"})

@@ -402,7 +402,7 @@ def _gpu_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("first_seen", [False, True], ids=["decided-before", "first-seen"])
 @pytest.mark.parametrize("case", _gpu_cases(), ids=lambda c: c[0])
-def test_gpu_cuda_graph_capture(cuda, case, first_seen, isolated_cache):
+def test_gpu_cuda_graph_capture(cuda, case, first_seen, monkeypatch):
     """Capture a call, replay it with new input values. A key first seen during capture is
     decided from the cache or the model: tuning mode is on, yet nothing is measured."""
     name, fn, make = case
@@ -413,21 +413,14 @@ def test_gpu_cuda_graph_capture(cuda, case, first_seen, isolated_cache):
     measured = []
     original = tuning_mode.measure_all
 
-    def watch(items, device, **kw):
+    def watch(items, device, **kw):  # the real measure_all, watched
         measured.append([what for what, _ in items])
         return original(items, device, **kw)
 
-    tuning_mode.measure_all = watch
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with tuning():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.cuda.graph(graph):
-                out = fn(static)
-        torch.cuda.current_stream().wait_stream(side)
-    finally:
-        tuning_mode.measure_all = original
+    monkeypatch.setattr(tuning_mode, "measure_all", watch)
+    graph = torch.cuda.CUDAGraph()
+    with tuning(), torch.cuda.graph(graph):
+        out = fn(static)
     assert measured == []
     for _ in range(2):
         fresh = make()

@@ -72,11 +72,31 @@ def test_tiny_model_auto(cpu_triton):
                                                                        "permute"}
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_tiny_model_compiled_fullgraph(cpu_triton, kind):
+    """The whole model compiles as one graph under enable(), with opselect's kernels in it."""
+    torch.manual_seed(0)
+    model = tiny(kind).eval()
+    ids = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(3))
+    forced = {"softmax": "fused", "permute": "naive"}
+    with torch.no_grad():
+        eager = model(ids).logits
+        torch._dynamo.reset()
+        opselect.reset_stats()
+        with opselect.enabled(backends=forced):
+            routed = torch.compile(model, backend="aot_eager", fullgraph=True)(ids).logits
+    torch.testing.assert_close(routed, eager, rtol=1e-5, atol=1e-5)
+    stats = opselect.stats()
+    for op, backend in forced.items():
+        assert stats[op]["traced"].get("opselect") and stats[op]["backends"] == {
+            backend: 2}, stats  # one call per layer
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_gpu_model(cuda, kind):
-    """A GPT-2-small-sized model (12 layers, vocabulary 50257) on the GPU, batch 8: eager and
-    compiled, with and without opselect."""
+    """A GPT-2-small-sized model (12 layers, vocabulary 50257) on the GPU, batch 8, eager: the
+    same logits and sampled tokens with and without opselect."""
     torch.manual_seed(0)
     if kind == "gpt2":
         cfg = transformers.GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257,
@@ -99,12 +119,27 @@ def test_gpu_model(cuda, kind):
     stats = opselect.stats()
     for op in ("softmax", "topk", "permute"):
         assert stats[op]["calls"] > 0, stats
-    torch._dynamo.reset()
-    compiled = torch.compile(model)
+
+
+@pytest.mark.gpu
+def test_gpu_model_compiled(cuda):
+    """torch.compile of a two-layer GPT-2 with the real vocabulary, with and without enable():
+    the same logits (the compile is kept short; the 12-layer model runs in bench_model.py)."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=12, n_embd=768, vocab_size=50257,
+                                  attn_implementation="eager", pad_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).cuda().eval()
+    ids = torch.randint(3, 50257, (8, 64), device="cuda")
     with torch.no_grad():
+        eager = model(ids).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model)
         plain = compiled(ids).logits
         torch._dynamo.reset()
+        opselect.reset_stats()
         with opselect.enabled():
             routed = compiled(ids).logits
     torch.testing.assert_close(routed, plain, rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(routed, logits, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(routed, eager, rtol=1e-3, atol=1e-3)
+    traced = opselect.stats()
+    assert traced["softmax"]["traced"] and traced["permute"]["traced"], traced
