@@ -46,7 +46,7 @@ import bench_isin  # noqa: E402
 import bench_permute  # noqa: E402
 import bench_softmax  # noqa: E402
 import bench_topk  # noqa: E402
-from harness import RESULTS, Case, gpu_slug, timer  # noqa: E402
+from harness import RESULTS, Case, gpu_slug, save_result, timer  # noqa: E402
 
 import opselect  # noqa: E402
 from opselect import library, ops  # noqa: E402
@@ -329,14 +329,7 @@ def main(argv=None) -> dict:
               "backend": backend_name, "rule": args.rule, "warm": args.warm,
               "smoke": args.smoke, "summary": summarise(rows), "rows": rows}
     md = markdown(result)
-    text = json.dumps(result, indent=1, default=str)
-    if not args.no_save and not args.smoke:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        path.with_suffix(".md").write_text(md)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "compiled.json").write_text(text)
-        Path(os.environ["OUT"], "compiled.md").write_text(md)
+    save_result("compiled", result, md, slug, not args.no_save and not args.smoke)
     print(md)
     return result
 

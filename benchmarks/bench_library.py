@@ -18,28 +18,16 @@ registered with define+impl (opselect/library.py) on this measurement.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_dispatch import per_call_us  # noqa: E402
+from harness import save_result  # noqa: E402
+
 NS = "opselect_bench_library"
-
-
-def per_call_us(fn, calls: int, repeats: int = 7) -> float:
-    for _ in range(200):
-        fn()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(runs)
 
 
 def variants(x: torch.Tensor) -> dict:
@@ -109,13 +97,13 @@ def main() -> None:
         print(f"  {r['mechanism']:<32} {r['us_per_call']:7.2f} us{added}")
     result = {"torch": torch.__version__, "python": sys.version.split()[0], "calls": calls,
               "rows": rows}
-    text = json.dumps(result, indent=1)
-    if not args.smoke and not args.no_save:
-        out = Path(__file__).resolve().parent / "results" / "cpu"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "library.json").write_text(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "library.json").write_text(text)
+    lines = [f"# torch.library dispatch cost on the CPU (torch {torch.__version__})", "",
+             "| mechanism | us per call | added to a direct call |", "|---|---|---|"]
+    for r in rows:
+        added = "-" if r["added_us"] is None else f"{r['added_us']:.2f}"
+        lines.append(f"| {r['mechanism']} | {r['us_per_call']:.2f} | {added} |")
+    md = "\n".join(lines) + "\n"
+    save_result("library", result, md, "cpu", not args.smoke and not args.no_save)
 
 
 if __name__ == "__main__":

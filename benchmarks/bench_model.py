@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, gpu_slug, timer  # noqa: E402
+from harness import gpu_slug, save_result, timer  # noqa: E402
 
 import opselect  # noqa: E402
 
@@ -200,16 +200,8 @@ def main(argv=None) -> None:
         return
     result = run(args)
     md = markdown(result)
-    text = json.dumps(result, indent=1, default=str)
-    if not args.no_save and not args.smoke:
-        out = RESULTS / result["gpu"]
-        out.mkdir(parents=True, exist_ok=True)
-        name = "model" if result["model"] == "gpt2" else f"model_{result['model']}"
-        (out / f"{name}.json").write_text(text)
-        (out / f"{name}.md").write_text(md)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "model.json").write_text(text)
-        Path(os.environ["OUT"], "model.md").write_text(md)
+    stem = "model" if result["model"] == "gpt2" else f"model_{result['model']}"
+    save_result(stem, result, md, result["gpu"], not args.no_save and not args.smoke)
     print(md)
 
 

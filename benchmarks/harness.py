@@ -402,6 +402,18 @@ def _json_default(o: Any) -> Any:
     return repr(o)
 
 
+def save_result(stem: str, result: dict, md: str, gpu: str, save: bool) -> None:
+    """Write <stem>.json and <stem>.md under benchmarks/results/<gpu>/ (when save) and $OUT."""
+    text = json.dumps(result, indent=1, default=_json_default)
+    places = [RESULTS / gpu] if save else []
+    if os.environ.get("OUT"):
+        places.append(Path(os.environ["OUT"]))
+    for place in places:
+        place.mkdir(parents=True, exist_ok=True)
+        (place / f"{stem}.json").write_text(text)
+        (place / f"{stem}.md").write_text(md)
+
+
 def main_guard(suite_factory: Callable[[bool], Suite]) -> None:
     """Entry point of a bench script: builds the suite (smoke or full) and runs it."""
     args = parse_args()
