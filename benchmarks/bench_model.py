@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import gpu_slug, save_result, timer  # noqa: E402
+from harness import RESULTS, gpu_slug, save_result, timer  # noqa: E402
 
 import opselect  # noqa: E402
 
@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the saved rows of other batch sizes (one run per batch size)")
     return p.parse_args(argv)
 
 
@@ -201,6 +203,13 @@ def main(argv=None) -> None:
     result = run(args)
     md = markdown(result)
     stem = "model" if result["model"] == "gpt2" else f"model_{result['model']}"
+    saved = RESULTS / result["gpu"] / f"{stem}.json"
+    if args.merge and saved.exists():
+        done = {(r["batch"], r["phase"]) for r in result["rows"]}
+        kept = [r for r in json.loads(saved.read_text())["rows"]
+                if (r["batch"], r["phase"]) not in done]
+        result["rows"] = sorted(kept + result["rows"], key=lambda r: (r["batch"], r["phase"]))
+        md = markdown(result)
     save_result(stem, result, md, result["gpu"], not args.no_save and not args.smoke)
     print(md)
 

@@ -21,14 +21,16 @@ Where a compiled call goes (the rule, decided at trace time; `COMPILED_RULE` bel
     10 * M**0.145 elements (inductor's isin decomposition compares every element with every test
     element there, one fused kernel). Elsewhere inductor falls back to ATen (topk) or to sorts
     and binary searches (larger isin), and the dispatcher's choice for the traced shapes
-    decides: torch's choice is the aten op, any other backend is opselect.<op>.
+    decides: torch's choice is the aten op, any other backend is opselect.<op>. (Inductor sorts
+    for topk only with config.triton.decompose_sort_ops, off by default; a sort loses to
+    opselect's selection kernels either way.)
   * Dynamic shapes (a symbolic size): permute and softmax stay aten; isin and topk become
     opselect.<op>, which chooses per call at run time (torch's kernel among the candidates), so
     no size is guarded and no size recompiles.
 
 The ops are registered with Library.define + impl + register_fake: their dispatch costs 1.7 us
-a call on the CPU against 16 us for torch.library.custom_op and 11 us for triton_op
-(benchmarks/bench_library.py). Eager calls of `ops.*` do not pay even that: they call the
+a call on the CPU against 8.5-16 us for torch.library.custom_op and 11-12 us for triton_op
+(benchmarks/bench_library.py, benchmarks/results/cpu/library.md). Eager calls of `ops.*` do not pay even that: they call the
 dispatcher directly and come here only while compiling (torch.compiler.is_compiling()).
 """
 
@@ -101,8 +103,7 @@ def _run(op: Op, call, backend: Optional[str]):
     finally:
         if grad:
             _set_grad_enabled(True)
-    choice = op.chosen(call, backend)
-    _usage.record(op.name, choice.backend.name if choice is not None else "torch")
+    _usage.record_run(op, call, backend)
     return result
 
 

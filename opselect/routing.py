@@ -64,8 +64,7 @@ def _known(kwargs: Mapping[str, Any], names: frozenset) -> bool:
 
 def _counted(op: Op, call, backend: Optional[str]):
     result = op.run(call, backend)
-    choice = op.chosen(call, backend)
-    _usage.record(op.name, choice.backend.name if choice is not None else "torch")
+    _usage.record_run(op, call, backend)
     return result
 
 

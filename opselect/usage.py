@@ -2,7 +2,8 @@
 (`opselect.enable()`) or from compiled graphs (the torch.library ops), per op and per backend that
 ran; and, per op, the trace-time decisions of compiled graphs (opselect's op or the aten op).
 
-Direct calls of `opselect.ops.*` are not counted: their path is kept to a few microseconds.
+Direct calls of `opselect.ops.*` are not counted: their path is kept to a few microseconds. Nor
+are replays of a captured CUDA graph (no Python runs then).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ _ran: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 _traced: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
 
-def record(op: str, backend: str) -> None:
-    _ran[op][backend] += 1
+def record_run(op, call, backend) -> None:
+    """Count the backend that just ran `call` of the dispatcher's Op `op`."""
+    choice = op.chosen(call, backend)
+    _ran[op.name][choice.backend.name if choice is not None else "torch"] += 1
 
 
 def record_trace(op: str, placed: str) -> None:

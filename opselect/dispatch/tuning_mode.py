@@ -1,7 +1,8 @@
 """Tuning mode: measure the candidates of an unseen shape bucket on the spot, then remember the winner.
 
 On with OPSELECT_TUNE=1 in the environment, or inside `with opselect.tuning():`. The flag is a plain
-module attribute because every dispatch reads it.
+module attribute because every dispatch reads it. Suspended while the current CUDA stream captures a
+graph (capturing()): a key first seen then is decided from the cache or the model.
 """
 
 from __future__ import annotations
