@@ -47,8 +47,13 @@ MAX_VALUE_CHARS = 1 << 20
 CALL_WAIT_S = 0.05
 #: the most a command-line tool waits for another process's lock (it says so when it waits)
 CLI_WAIT_S = 5.0
-#: the most a process waits at exit to write results that met a lock
+#: at exit, a process gives up on its queued results once the file has been locked this long with
+#: no other process committing anything (a stuck or crashed holder) ...
 EXIT_WAIT_S = 5.0
+#: ... and waits at most this long while others do commit (many writers finishing together: the
+#: lock is busy but moving, and SQLite's busy handler is not fair, so one writer can be passed over
+#: for seconds on a loaded machine)
+EXIT_WAIT_MAX_S = 60.0
 #: after a write met a lock, later accesses retry only after this pause (doubling up to the max),
 #: so a long-held lock costs each access nothing rather than a wait each
 FLUSH_PAUSE_S = (0.1, 2.0)
@@ -560,6 +565,18 @@ class TextStore:
         self._cli(work, "write")
 
     # -- closing ----------------------------------------------------------------------------------
+    def _last_commit(self) -> tuple:
+        """What changes when any process commits: the WAL's (or, in rollback mode, the file's)
+        size and time."""
+        marks = []
+        for f in (Path(f"{self.path}-wal"), self.path):
+            try:
+                st = os.stat(f)
+                marks.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                marks.append(None)
+        return tuple(marks)
+
     def close(self) -> None:
         """Write what is queued (within wait_s) and close; what still cannot be written stays
         queued for the exit."""
@@ -575,7 +592,14 @@ class TextStore:
         if not self.writable:
             return  # what it holds is its memory; the warning was given when it stopped writing
         self.wait_s = max(self.wait_s, EXIT_WAIT_S)
-        self.close()
+        give_up = time.monotonic() + EXIT_WAIT_MAX_S
+        while True:
+            before = self._last_commit()
+            self.close()
+            if not (self.writable and self._pending) or time.monotonic() > give_up:
+                break
+            if self._last_commit() == before:
+                break  # nobody committed while we waited: the holder is stuck, not busy
         if self.writable and self._pending:
             warnings.warn(f"opselect tune cache: {self.pending()} tuning result(s) were not "
                           f"written: {self.path} stayed locked for {self.wait_s:g} s at exit",
@@ -605,7 +629,8 @@ _ORPHANS: list[sqlite3.Connection] = []
 
 
 def flush_all_at_exit() -> None:
-    """Write every store's queued results, waiting up to EXIT_WAIT_S for a lock (atexit)."""
+    """Write every store's queued results (atexit): waiting while other processes commit, up to
+    EXIT_WAIT_MAX_S, and giving up after EXIT_WAIT_S of a lock that does not move."""
     for st in list(_UNFLUSHED):
         st._flush_at_exit()
     _UNFLUSHED.clear()
