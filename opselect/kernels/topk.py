@@ -804,10 +804,12 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
         ticket = tl.atomic_add(ws_ptr.to(tl.pointer_type(tl.int32)) + r64, 1, sem="acq_rel")
         if ticket == NB - 1:
             # The row's last program: the k largest of the NB lists (list q holds
-            # min(k, length of chunk q) winners).
+            # min(k, length of chunk q) winners; a chunk is CPP long but the last). The slots
+            # past a list's count were never written: reading them took garbage for winners.
             c = tl.arange(0, FT)
             owner = c // k
-            ok = (owner < NB) & (c - owner * k < tl.minimum(k, N - owner.to(tl.int64) * CPP))
+            chunk_len = tl.minimum(N - owner.to(tl.int64) * CPP, CPP)
+            ok = (owner < NB) & (c - owner * k < tl.minimum(chunk_len, k))
             v = tl.load(ws_ptr + off_cand + r64 * NB * k + c, mask=ok, other=0,
                         cache_modifier=".cg")
             key = (v >> 32).to(tl.int32)
