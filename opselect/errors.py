@@ -21,6 +21,19 @@ class UnsupportedDType(OpselectError, TypeError, RuntimeError):
     """A dtype the op does not accept (torch raises RuntimeError for these)."""
 
 
+class NotImplementedDType(UnsupportedDType, NotImplementedError):
+    """A dtype torch has no kernel of the op for (torch raises NotImplementedError: softmax of
+    integers, isin of uint16 and float8, ...)."""
+
+
+class DimError(OpselectError, IndexError):
+    """A dim out of range for the input's rank (torch raises IndexError)."""
+
+
+class ArgumentTypeError(OpselectError, TypeError):
+    """An argument of the wrong Python type (torch raises TypeError)."""
+
+
 class CacheWarning(UserWarning):
     """The tune cache could not be read or written; opselect carried on without it."""
 

@@ -90,6 +90,14 @@ def _install() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """compile_check.py [op ...] [--dtypes float16,bfloat16,...]: every Triton backend of each
+    op on its calibration shapes; with --dtypes, those shapes again in each listed dtype (the
+    compiler sees other types than the calibration's: 16-bit floats, 64-bit keys)."""
+    extra: list[torch.dtype] = []
+    if "--dtypes" in argv:
+        i = argv.index("--dtypes")
+        extra = [getattr(torch, name) for name in argv[i + 1].split(",")]
+        argv = argv[:i] + argv[i + 2:]
     _install()
     from opselect.dispatch import all_ops
     from opselect.kernels._common import Launcher
@@ -100,7 +108,9 @@ def main(argv: list[str]) -> int:
     for op in all_ops():
         if argv and op.name not in argv:
             continue
-        for shapes, dtype, options in op.calibration:
+        cases = list(op.calibration)
+        cases += [(shapes, d, options) for shapes, _, options in op.calibration[:1] for d in extra]
+        for shapes, dtype, options in cases:
             try:
                 args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("cpu"))
                 call = op.prepare(*args, **kwargs)

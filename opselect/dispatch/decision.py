@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Where a choice came from, in the order the chain asks.
-SOURCES = ("forced", "memo", "cache", "tuning", "model", "only candidate")
+SOURCES = ("forced", "memo", "cache", "tuning", "model", "only candidate", "empty call")
 
 
 @dataclass

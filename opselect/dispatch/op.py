@@ -51,6 +51,13 @@ class Call:
     info: DeviceInfo
     key: tuple
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute (an empty dim, k = 0): every backend answers as torch does without
+        launching a kernel, so there is nothing to choose, and no plan or cost to work out (their
+        arithmetic may divide by a size that is 0)."""
+        return False
+
     def describe(self) -> str:
         return repr(self.key[1:])
 
@@ -129,7 +136,12 @@ class Op:
     # -- selection ------------------------------------------------------------------------------
     def _force(self, call: Call, name: str) -> Choice:
         chosen = self.backend(name)
-        reason = chosen.device_reason(call.info) or chosen.supports(call)
+        if call.empty:
+            reason = chosen.device_reason(call.info)
+            if reason is None:
+                return Choice(chosen, {}, "forced")  # any backend answers an empty call
+        else:
+            reason = chosen.device_reason(call.info) or chosen.supports(call)
         if reason is not None:
             able = [c.name for c in self.plan(call) if c.supported]
             raise BackendError(
@@ -169,6 +181,9 @@ class Op:
         """Run the chain below the memo for this call: supports, cache, model, and (in tuning mode,
         or with tune=True) measuring whatever the cache lacks. Returns the whole record."""
         tune = _tuning.state.active if tune is None else tune
+        if call.empty:
+            candidates = [Candidate(b.name, None) for b in self.backends]
+            return self._decision(call, candidates, candidates[0], "empty call", {})
         if tune and _tuning.capturing(call.info):
             # A CUDA graph is being captured: nothing may be measured (no syncs, no allocations
             # outside the graph's pool); the cache or the model decides, provisionally.

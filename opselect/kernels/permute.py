@@ -50,7 +50,7 @@ from ..dispatch.backend import Backend, Estimate, TorchBackend
 from ..dispatch.device import device_info
 from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
-from ..errors import InvalidArgument, OpselectError
+from ..errors import ArgumentTypeError, DimError, InvalidArgument
 from ..heuristics import permute as cost
 from ._common import Launcher, cdiv, needs_int64, next_pow2
 
@@ -66,14 +66,6 @@ GROUP_DIMS = 3
 NARROW_MAX = 15
 #: Integer types of each unit width: the kernels move bytes, never values.
 UNIT_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-class DimError(OpselectError, IndexError):
-    """A dim out of range (torch raises IndexError for these)."""
-
-
-class ArgumentTypeError(OpselectError, TypeError):
-    """An argument of the wrong Python type (torch raises TypeError for these)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,6 +443,10 @@ def _tile_form(kind: str, sizes: list[int], strides: list[int], esize: int
 class PermuteCall(Call):
     __slots__ = ("input", "dims", "out", "out_shape", "numel", "esize", "sizes", "strides",
                  "kind", "torch_only", "tile", "span", "_plan")
+
+    @property
+    def empty(self) -> bool:
+        return self.numel == 0
 
     def describe(self) -> str:
         x = self.input

@@ -53,7 +53,7 @@ from ..dispatch.backend import Backend, Estimate, TorchBackend
 from ..dispatch.device import device_info
 from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
-from ..errors import InvalidArgument, OpselectError, UnsupportedDType
+from ..errors import ArgumentTypeError, DimError, InvalidArgument, NotImplementedDType
 from ..heuristics import softmax as cost
 from ._common import FLOAT_DTYPES, Launcher, cdiv, needs_int64, next_pow2
 
@@ -77,14 +77,6 @@ WAVES = 16
 _WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
              (torch.float16, torch.float64), (torch.bfloat16, torch.float64),
              (torch.float32, torch.float64)}
-
-
-class DimError(OpselectError, IndexError):
-    """dim out of range for the input's rank (torch raises IndexError)."""
-
-
-class ArgTypeError(InvalidArgument, TypeError):
-    """An argument of the wrong type (torch raises TypeError)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,6 +543,10 @@ class SoftmaxCall(Call):
     __slots__ = ("x", "dim", "log", "dtype_arg", "out_dtype", "cast_first", "outer", "n", "inner",
                  "so", "sn", "fast", "grad")
 
+    @property
+    def empty(self) -> bool:
+        return self.outer == 0 or self.n == 0 or self.inner == 0
+
     def describe(self) -> str:
         x = self.x
         name = "log_softmax" if self.log else "softmax"
@@ -592,24 +588,25 @@ def _collapse(shape, strides, lo: int, hi: int):
 
 def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
     if not isinstance(input, torch.Tensor):
-        raise ArgTypeError(f"{name}: input must be a tensor, got {type(input).__name__}")
+        raise ArgumentTypeError(f"{name}: input must be a tensor, got {type(input).__name__}")
     if type(dim) is not int:
         if dim is None:
-            raise ArgTypeError(f"{name}: dim must be an int (None is not accepted: name the dim)")
+            raise ArgumentTypeError(f"{name}: dim must be an int (None is not accepted: name the dim)")
         try:
             dim = operator.index(dim)
         except TypeError:
-            raise ArgTypeError(f"{name}: dim must be an int, got {type(dim).__name__}") from None
+            raise ArgumentTypeError(f"{name}: dim must be an int, got {type(dim).__name__}") from None
     in_dtype = input.dtype
     if dtype is None:
         out_dtype = in_dtype
     elif isinstance(dtype, torch.dtype):
         out_dtype = dtype
     else:
-        raise ArgTypeError(f"{name}: dtype must be a torch.dtype or None, got {dtype!r}")
+        raise ArgumentTypeError(f"{name}: dtype must be a torch.dtype or None, got {dtype!r}")
     if out_dtype not in FLOAT_DTYPES:
         what = "dtype" if dtype is not None else "input"
-        raise UnsupportedDType(
+        # torch has no softmax kernel for these: NotImplementedError
+        raise NotImplementedDType(
             f"{name}: {what} is {str(out_dtype)[6:]}; expected float16, bfloat16, float32 or "
             "float64"
             + ("" if dtype is not None else " (pass dtype= to cast an integer input)")
@@ -1110,7 +1107,7 @@ class OnlineBackend(Backend):
         """Programs per row: enough programs for two per SM, chunks of at least 4 blocks."""
         if call.outer >= 2 * sm_count:
             return 1
-        return max(1, min(cdiv(2 * sm_count, call.outer), cdiv(call.n, 4 * block)))
+        return max(1, min(cdiv(2 * sm_count, max(call.outer, 1)), cdiv(call.n, 4 * block)))
 
     @staticmethod
     def coop_configs(call: SoftmaxCall) -> list[dict]:

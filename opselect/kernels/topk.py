@@ -63,7 +63,8 @@ from ..dispatch.backend import Backend, Estimate, TorchBackend
 from ..dispatch.device import device_info
 from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
-from ..errors import InvalidArgument, OpselectError, UnsupportedDType
+from ..errors import (ArgumentTypeError, DimError, InvalidArgument, NotImplementedDType,
+                      OpselectError, UnsupportedDType)
 from ..heuristics import topk as cost
 from ._common import Launcher, cdiv, next_pow2
 
@@ -100,18 +101,6 @@ SIGMAS = 5.0
 # Rows longer than this do not fit the 32-bit index packed beside the key.
 MAX_ROW = (1 << 32) - 1
 BITONIC_MAX = 16384
-
-
-class DimError(OpselectError, IndexError):
-    """dim out of range (torch raises IndexError)."""
-
-
-class ArgumentTypeError(OpselectError, TypeError):
-    """An argument of the wrong Python type (torch raises TypeError)."""
-
-
-class NotImplementedDType(UnsupportedDType, NotImplementedError):
-    """A dtype torch has no topk kernel for (torch raises NotImplementedError)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1172,6 +1161,10 @@ class TopkCall(Call):
             self.R, self.N, self.lead, self.row_stride, self.col_stride, self.viewable)
         return c
 
+    @property
+    def empty(self) -> bool:
+        return self.k == 0 or self.R == 0
+
     def describe(self) -> str:
         x = self.input
         return (f"input {tuple(x.shape)} {str(x.dtype)[6:]}, k={self.k}, dim={self.dim}"
@@ -1236,7 +1229,7 @@ def _prepare(input, k, dim, largest, sorted) -> TopkCall:
     sorted = _bool_arg(sorted, "sorted")
     dtype = input.dtype
     if dtype not in SUPPORTED_DTYPES:
-        if dtype in (torch.uint16, torch.uint32, torch.uint64):
+        if dtype in (torch.uint16, torch.uint32, torch.uint64) or dtype.is_floating_point:
             raise NotImplementedDType(f"topk: input has dtype {dtype}, which torch.topk has no "
                                       "kernel for; expected one of "
                                       f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)}")
@@ -1356,6 +1349,7 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
                config: dict) -> RadixPlan:
     key64 = _key64(dtype)
     p = RadixPlan()
+    R, N, k = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch; the plan must exist
     sms = config.get("SMS", sms)
     ft_max = config.get("FT_MAX", FINISH_TILE_MAX)
     block = config.get("SS", SAMPLE_BLOCK)
