@@ -1120,7 +1120,10 @@ def _bitonic_kernel(x_ptr, val_ptr, idx_ptr, R, N, k, row_stride, col_stride, fl
     key = _order_key(x, IS_FLOAT, flip, False)
     packed = (key.to(tl.int64) << 32) | cols[None, :].to(tl.int64)
     packed = tl.where(col_ok[None, :], packed, -9223372036854775807 - 1)
-    if KP < NP:
+    if KP == 1:
+        # (triton 3.6's tl.topk reduces one row of k = 1 to a scalar and fails to compile)
+        top = tl.max(packed, axis=1)[:, None]
+    elif KP < NP:
         top = tl.topk(packed, KP, dim=1)  # a bitonic top-k: log2(KP) merge stages, then halvings
     else:
         top = tl.sort(packed, dim=1, descending=True)
