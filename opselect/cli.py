@@ -31,20 +31,42 @@ def _parse_shapes(text: str) -> list[list[int]]:
             shapes.append([])
             continue
         try:
-            shapes.append([int(d) for d in part.replace(",", "x").split("x")])
+            dims = [int(d) for d in part.replace(",", "x").split("x")]
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"bad shape {part!r}: expected dims joined by 'x', e.g. 64x128000") from None
+        if any(d < 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"bad shape {part!r}: dims must be >= 0")
+        shapes.append(dims)
     return shapes
 
 
 def _parse_opt(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, the value read as YAML (k=50, invert=true, dims=[1,0]); a bare comma list
+    (dims=1,0) is a list of its items, as the user meant."""
     import yaml
 
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"bad option {text!r}: expected KEY=VALUE, e.g. k=50")
-    key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value)
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+        if isinstance(value, str) and "," in raw and not raw.strip().startswith(("'", '"')):
+            value = [yaml.safe_load(v) for v in raw.split(",")]
+    except Exception:  # noqa: BLE001 - yaml.YAMLError
+        raise argparse.ArgumentTypeError(f"bad option {text!r}: its value is not valid YAML "
+                                         "(e.g. k=50, dims=[1,0], invert=true)") from None
+    return key.strip(), value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported in one line (usage stays in --help) as a UsageError,
+    so main() answers every mistake alike: one line, exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        from .errors import UsageError
+
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _console():
@@ -68,18 +90,21 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
     from .warm import expand, load_spec, warm_item
 
+    from .errors import UsageError
+
     entries: list[dict] = []
     for spec in args.spec:
         entries.extend(load_spec(spec))
     if args.op:
         if not args.shapes:
-            raise SystemExit("opselect warm: --op needs at least one --shapes")
+            raise UsageError("--op needs at least one --shapes")
         entries.append({"op": args.op, "cases": args.shapes, "dtypes": args.dtype or ["float32"],
                         "options": dict(args.opt or [])})
     if not entries:
-        raise SystemExit("opselect warm: give a spec file or --op with --shapes (see --help)")
+        raise UsageError("give a spec file or --op with --shapes (see --help)")
     items = list(expand(entries))
     device = _device(args.device)
+    interrupted = False
     console = _console()
     rows = []
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -93,6 +118,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
                 rows.append((item, decision))
                 progress.advance(task)
         except KeyboardInterrupt:
+            interrupted = True
             console.print(f"[yellow]interrupted: {len(rows)} of {len(items)} entries were measured "
                           "and are in the cache[/yellow]")
     table = Table(title=f"tuned on {device}")
@@ -105,15 +131,17 @@ def cmd_warm(args: argparse.Namespace) -> int:
                  else "-")
         table.add_row(item.label(), d.choice, _fmt_s(chosen), _fmt_s(torch_t), speed)
     console.print(table)
-    return 0
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+#: what a shell reports for a program stopped by Ctrl-C (128 + SIGINT)
+EXIT_INTERRUPTED = 130
 
 
 def _device(name: str | None):
-    import torch
+    from .warm import parse_device
 
-    from .warm import default_device
-
-    return torch.device(name) if name else default_device()
+    return parse_device(name)
 
 
 # -- show -------------------------------------------------------------------------------------------
@@ -173,19 +201,20 @@ def cmd_show(args: argparse.Namespace) -> int:
 # -- explain ----------------------------------------------------------------------------------------
 def cmd_explain(args: argparse.Namespace) -> int:
     from .dispatch import get_op
-    from .warm import parse_dtype
+    from .errors import UsageError
+    from .warm import make_inputs, parse_dtype
 
     op = get_op(args.op)
     shapes = args.shapes[0] if args.shapes else None
     if shapes is None:
-        raise SystemExit("opselect explain: give --shapes (see --help)")
+        raise UsageError("give --shapes (see --help)")
     dtype = parse_dtype((args.dtype or ["float32"])[0])
     options = dict(args.opt or [])
     if args.what_if:
         print(what_if(op, shapes, dtype, options, args.what_if))
         return 0
     device = _device(args.device)
-    a, kw = op.sample(shapes, dtype, dict(options), device)
+    a, kw = make_inputs(op.name, shapes, dtype, options, device)
     op.explain(*a, backend=args.backend, **kw).print()
     return 0
 
@@ -201,7 +230,9 @@ def what_if(op, shapes, dtype, options, gpu: str) -> str:
     gpus = {"H200": (132, 60 << 20), "H100": (132, 50 << 20), "A100": (108, 40 << 20)}
     key = gpu.upper()
     if key not in gpus:
-        raise SystemExit(f"--what-if: unknown GPU {gpu!r}; known: {', '.join(gpus)}")
+        from .errors import UsageError
+
+        raise UsageError(f"--what-if {gpu}: unknown GPU; known: {', '.join(gpus)}")
     sms, l2 = gpus[key]
     model = defaults_for(DeviceInfo("cuda", 0, f"NVIDIA {key}", (9, 0), sms, l2, 0))
     a, kw = op.sample(shapes, dtype, dict(options), torch.device("meta"))
@@ -220,7 +251,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     device = _device(args.device)
     if device.type != "cuda":
-        raise SystemExit("opselect calibrate: no CUDA device; calibration measures a GPU")
+        from .errors import UsageError
+
+        raise UsageError(f"--device {device}: calibration measures a GPU; give a CUDA device")
     calibrate(device, fit=not args.no_fit)
     print("calibration stored in the tune cache")
     return 0
@@ -267,14 +300,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="opselect",
         description="GPU tensor ops with several algorithms each, and a dispatcher that picks the "
                     "fastest. This tool fills, shows and moves the tune cache the dispatcher reads.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache-dir", help="the tune cache directory (default: $OPSELECT_CACHE_DIR or "
                                        "~/.cache/opselect)")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    p.add_argument("--debug", action="store_true",
+                   help="on an error, show Python's traceback too (not only the one-line message)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                           parser_class=_Parser)
 
     def call_args(sp: argparse.ArgumentParser, *, many: bool) -> None:
         sp.add_argument("--shapes", action="append", type=_parse_shapes, metavar="SHAPES",
@@ -358,20 +394,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cache_dir:
-        os.environ["OPSELECT_CACHE_DIR"] = args.cache_dir
+    """Exit codes: 0 done; 1 a runtime failure (the cache cannot be written, an op failed); 2 a
+    usage mistake (a bad flag, file, shape, dtype or device); 130 interrupted (what finished is
+    kept). Every error is one line on stderr; --debug adds the traceback."""
     from .errors import CacheError, OpselectError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    command = "opselect"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"opselect {args.command}"
+        if args.cache_dir:
+            os.environ["OPSELECT_CACHE_DIR"] = args.cache_dir
         return int(args.fn(args) or 0)
-    except CacheError as exc:  # a runtime failure, not the user's mistake
-        print(f"opselect {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except OpselectError as exc:
-        print(f"opselect {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - every error is one line, unless --debug
+        if debug:
+            raise
+        if isinstance(exc, (CacheError, OSError)):  # a runtime failure, not the user's mistake
+            code, message = 1, str(exc)
+        elif isinstance(exc, OpselectError):  # a usage mistake: a flag, file, shape, dtype
+            code, message = 2, str(exc)
+        else:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            code, message = 1, (f"{type(exc).__name__}: {first} (an internal error: run with "
+                                "--debug for the traceback)")
+    print(f"{command}: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -68,6 +68,20 @@ def _ptxas_report(ptx: str) -> str:
 
 COMPILED: list[str] = []
 
+#: Calls at the edges of each op's plans, where the compiler has met different code than at the
+#: calibration shapes (a size specialised to 1 folds loops away: triton 3.6's coalescing pass once
+#: crashed on isin's search kernel with a one-element test set). Taken with --edges.
+EDGES = {
+    "isin": [([[1000], [n]], torch.float32, {}) for n in (1, 2, 3, 17, 100)],
+    "topk": [([[r, n]], torch.float32, {"k": k})
+             for r, n, k in ((1, 2, 1), (1, 100, 1), (3, 7, 3), (1, 256, 131), (64, 300, 1),
+                             (1, 1, 1), (1, 5000, 64))],
+    "softmax": [([[r, n]], torch.float32, {}) for r, n in ((1, 1), (3, 1), (1, 7), (5, 3000))]
+               + [([[2, 3, 4]], torch.float32, {"dim": 1})],
+    "permute": [([[1, 3]], torch.float32, {"dims": [1, 0]}), ([[2, 1, 3]], torch.float32,
+                                                                {"dims": [2, 1, 0]})],
+}
+
 
 def _install() -> None:
     stand_in = _Sm90()
@@ -90,10 +104,12 @@ def _install() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """compile_check.py [op ...] [--dtypes float16,bfloat16,...]: every Triton backend of each
-    op on its calibration shapes; with --dtypes, those shapes again in each listed dtype (the
-    compiler sees other types than the calibration's: 16-bit floats, 64-bit keys)."""
+    """compile_check.py [op ...] [--edges] [--dtypes float16,bfloat16,...]: every Triton backend
+    of each op on its calibration shapes; --edges adds EDGES; with --dtypes, every case again in
+    each listed dtype (the compiler sees other types: 16-bit floats, 64-bit keys)."""
     extra: list[torch.dtype] = []
+    edges = "--edges" in argv
+    argv = [a for a in argv if a != "--edges"]
     if "--dtypes" in argv:
         i = argv.index("--dtypes")
         extra = [getattr(torch, name) for name in argv[i + 1].split(",")]
@@ -108,8 +124,8 @@ def main(argv: list[str]) -> int:
     for op in all_ops():
         if argv and op.name not in argv:
             continue
-        cases = list(op.calibration)
-        cases += [(shapes, d, options) for shapes, _, options in op.calibration[:1] for d in extra]
+        cases = list(op.calibration) + (EDGES.get(op.name, []) if edges else [])
+        cases += [(shapes, d, options) for shapes, _, options in cases if extra for d in extra]
         for shapes, dtype, options in cases:
             try:
                 args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("cpu"))

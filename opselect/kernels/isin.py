@@ -169,7 +169,9 @@ def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl
     tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
-@triton.jit
+# N is never specialised: with N == 1 folded in, triton 3.6's coalescing pass crashes on this kernel
+# (an assertion in TritonGPUCoalesce; tools/compile_check.py --edges finds it).
+@triton.jit(do_not_specialize=["N"])
 def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
                    INVERT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
     pid = tl.program_id(0)
@@ -638,7 +640,7 @@ class SearchBackend(Backend):
         block, warps = config["BLOCK"], config["num_warps"]
         m, n, invert = call.m, call.n, call.invert
         i64 = needs_int64(m, n)
-        _SEARCH((x.dtype, m, n, invert, block, i64, warps), (cdiv(m, block),),
+        _SEARCH((x.dtype, m, invert, block, i64, warps), (cdiv(m, block),),
                 (x, table, out, m, n),
                 lambda: dict(INVERT=invert, BLOCK=block, I64=i64, num_warps=warps))
         return _finish(call, out)
