@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from . import routing_state as _routing
 from . import usage as _usage
 from .dispatch.op import Op
 from .kernels import isin as _isin
@@ -92,6 +93,22 @@ LIB.define("log_softmax_or_aten(Tensor input, int dim, ScalarType? dtype=None, "
 # eager autograd wrappers of the backends stay out of it)
 # ---------------------------------------------------------------------------------------------
 _set_grad_enabled = torch._C._set_grad_enabled
+
+
+def _unrouted(fn: Callable) -> Callable:
+    """fn with opselect.enable()'s routing off while it runs: torch's own ops that it calls
+    (the `torch` backend, a trace-time fallback to the aten op, a .contiguous() in a prepare)
+    reach torch, never a patched entry point that would come back here."""
+
+    def unrouted(*args, **kwargs):
+        token = _routing.suspend()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _routing.resume(token)
+
+    unrouted.__name__ = unrouted.__qualname__ = fn.__name__
+    return unrouted
 
 
 def _run(op: Op, call, backend: Optional[str]):
@@ -147,7 +164,7 @@ def _softmax_backward_kernel(output, grad, dim, log, grad_dtype):
 for _name, _fn in (("isin", _isin_kernel), ("topk", _topk_kernel), ("permute", _permute_kernel),
                    ("softmax", _softmax_kernel), ("log_softmax", _log_softmax_kernel),
                    ("softmax_backward", _softmax_backward_kernel)):
-    LIB.impl(_name, _fn, "CompositeExplicitAutograd")
+    LIB.impl(_name, _unrouted(_fn), "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,7 +392,7 @@ for _name, _fn in (("isin_or_aten", _isin_or_aten), ("topk_or_aten", _topk_or_at
                    ("permute_or_aten", _permute_or_aten),
                    ("softmax_or_aten", _softmax_or_aten(False)),
                    ("log_softmax_or_aten", _softmax_or_aten(True))):
-    LIB.impl(_name, _fn, "CompositeImplicitAutograd")
+    LIB.impl(_name, _unrouted(_fn), "CompositeImplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -212,21 +212,26 @@ def test_bad_arguments():
     assert not opselect.is_enabled()
 
 
-def test_disable_refuses_under_another_mode():
+def test_other_torch_function_mode_and_disable():
+    """A TorchFunctionMode of the program's own, entered after enable(), sees the routed call
+    (once: opselect's op runs with routing off) and does not stop disable()."""
+    seen = []
+
     class Other(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", ""))
             return func(*args, **(kwargs or {}))
 
+    x = _x(4, 30)
     opselect.enable()
-    other = Other()
-    other.__enter__()
-    try:
-        with pytest.raises(RuntimeError, match="another torch function mode"):
-            opselect.disable()
-    finally:
-        other.__exit__(None, None, None)
-    opselect.disable()
-    assert not opselect.is_enabled()
+    with Other():
+        got = torch.softmax(x, -1)
+        opselect.disable()
+        assert not opselect.is_enabled()
+        torch.softmax(x, -1)
+    torch.testing.assert_close(got, torch.softmax(x, -1))
+    assert calls("softmax") == {"torch": 1}
+    assert seen.count("softmax") == 2, seen
 
 
 def test_per_thread(cpu_triton):
@@ -275,5 +280,10 @@ def test_compiled_under_enable(cpu_triton, backend):
     assert explained.graph_break_count == 0
     stats = opselect.stats()
     for op in ("softmax", "log_softmax", "topk", "isin", "permute"):
-        assert stats[op]["traced"].get("opselect"), (op, stats)
+        # Dynamo leaves a Tensor method call (x.topk, .contiguous(), .reshape) in its graph:
+        # AOTAutograd's trace routes it; backend="eager" runs it through the wrapper eagerly.
+        method_only = op in ("topk", "permute")
+        if not (backend == "eager" and method_only):
+            assert stats[op]["traced"].get("opselect"), (op, stats)
         assert stats[op]["backends"] == {FORCED[op]: stats[op]["calls"]}, (op, stats)
+        assert stats[op]["calls"] > 0, (op, stats)
