@@ -218,6 +218,13 @@ def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
     return _counted(_permute.OP, _permute.prepare, backend, x, dims)
 
 
+def _already_contiguous(x: Any) -> bool:
+    """The common call of a model's .contiguous() or .reshape(): an eager, plain, contiguous
+    tensor. Answered first, in a few checks (the call passes to torch)."""
+    return (type(x) in _PLAIN and x.layout is torch.strided and not _compiling()
+            and x.is_contiguous())
+
+
 def _plain_view(x: Any) -> bool:
     """x is a permuted view with no gaps (not itself contiguous) that opselect copies. The
     common case, an already contiguous tensor, is answered after two checks."""
@@ -230,6 +237,8 @@ def _plain_view(x: Any) -> bool:
 
 def _contiguous_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     x = args[0] if args else kwargs.get("self")
+    if _already_contiguous(x):
+        return PASS
     if (len(args) > 1 or kwargs) and _arg(args, kwargs, 1, "memory_format",
                                           torch.contiguous_format) is not torch.contiguous_format:
         return PASS
@@ -241,7 +250,7 @@ def _contiguous_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any
 def _reshape_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     """Tensor.reshape(*shape) / Tensor.reshape(shape) / torch.reshape(input, shape)."""
     x = args[0] if args else kwargs.get("input", kwargs.get("self"))
-    if not _plain_view(x):
+    if _already_contiguous(x) or not _plain_view(x):
         return PASS
     rest = args[1:]
     if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
@@ -360,6 +369,30 @@ _install_lock = threading.Lock()
 _leases = 0
 
 
+_user_cache_tag: Optional[str] = None
+
+
+def _tag_compile_caches(router: Optional[_state.Router]) -> None:
+    """Put the routing in torch.compile's cache keys (torch.compiler.config.cache_key_tag, part
+    of the AOTAutograd and FX graph cache keys): a graph whose Tensor-method calls were routed
+    when AOTAutograd traced it is never loaded from the on-disk cache by a program that routes
+    differently, or not at all (those keys are taken from Dynamo's graph, which is the same).
+    The tag follows the last change of any thread's routing; the program's own tag is kept in
+    front and restored when routing ends."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "cache_key_tag") or _user_cache_tag is None:
+        return
+    mark = "off" if router is None else (
+        f"{','.join(sorted(router.ops))};"
+        + ",".join(f"{op}={name}" for op, name in sorted(router.backends.items())))
+    config.cache_key_tag = f"{_user_cache_tag}|opselect routing {mark}"
+
+
+def _set_router(router: Optional[_state.Router]) -> None:
+    _state.set_current(router)
+    _tag_compile_caches(router)
+
+
 def _prepare_dynamo() -> None:
     """Dynamo's tables of torch's functions are built from torch's attribute names (on import,
     and Tensor's methods on first use): build them now, while the attributes are torch's own."""
@@ -372,7 +405,10 @@ def _prepare_dynamo() -> None:
 
 
 def _install() -> None:
+    global _user_cache_tag
     _prepare_dynamo()
+    config = getattr(torch.compiler, "config", None)
+    _user_cache_tag = getattr(config, "cache_key_tag", None)
     for op, owner, name, handler, calls_entries in _ENTRY_POINTS:
         own = name in vars(owner)
         original = getattr(owner, name)
@@ -382,6 +418,10 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    global _user_cache_tag
+    if _user_cache_tag is not None:
+        torch.compiler.config.cache_key_tag = _user_cache_tag
+        _user_cache_tag = None
     replaced = []
     while _installed:
         owner, name, original, wrapper, own = _installed.pop()
@@ -449,7 +489,7 @@ def enable(ops: Optional[Iterable[str]] = None,
     names, forced = _checked(ops, backends)
     if getattr(_thread, "lease", None) is None:
         _acquire()
-    _state.set_current(_state.Router(names, forced))
+    _set_router(_state.Router(names, forced))
 
 
 def disable() -> None:
@@ -457,7 +497,7 @@ def disable() -> None:
     are restored when no thread routes any more."""
     if getattr(_thread, "lease", None) is None:
         return
-    _state.set_current(None)
+    _set_router(None)
     _thread.lease = None  # its finalizer releases the entry points
 
 
@@ -478,8 +518,8 @@ def enabled(ops: Optional[Iterable[str]] = None,
             disable()
         return
     before = _state.current()
-    _state.set_current(_state.Router(names, forced))
+    _set_router(_state.Router(names, forced))
     try:
         yield
     finally:
-        _state.set_current(before)
+        _set_router(before)
