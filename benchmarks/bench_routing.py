@@ -141,7 +141,8 @@ def main(argv=None) -> None:
     for r in rows:
         us = r["us"]
         lines.append(f"| {r['case']} | {us['torch']:.3f} | {us['enable()']:.3f} | "
-                     f"{r['enable_added_us']:+.3f} | {us['mode']:.3f} | {r['mode_added_us']:+.3f} |")
+                     f"{r['enable_added_us']:+.3f} | {us['mode']:.3f} | "
+                     f"{r['mode_added_us']:+.3f} |")
     md = "\n".join(lines) + "\n"
     print(md)
     save_result("routing", result, md, "cpu", not args.smoke and not args.no_save)

@@ -317,7 +317,6 @@ def _view_strides(old_shape: tuple, old_strides: tuple, new_shape: tuple) -> Opt
     return new_strides if view_d == -1 else None
 
 
-
 _ENTRY_POINTS: list[tuple[str, Any, str, Callable, bool]] = [
     # (op, owner, attribute, handler, whether the original is Python that calls another entry
     # point: F.softmax calls Tensor.softmax, which must not route a call F.softmax passed on)
@@ -358,8 +357,7 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) 
                 _state.resume(token)
         return original(*args, **kwargs)
 
-    functools.update_wrapper(routed, original)
-    routed._opselect_original = original
+    functools.update_wrapper(routed, original)  # name, doc; __wrapped__ is the original
     return routed
 
 
@@ -367,8 +365,6 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) 
 _installed: list[tuple[Any, str, Callable, Callable, bool]] = []
 _install_lock = threading.Lock()
 _leases = 0
-
-
 _user_cache_tag: Optional[str] = None
 
 
