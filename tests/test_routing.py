@@ -450,3 +450,32 @@ def test_compiled_inductor_cpu(cpu_triton):
     assert stats["topk"]["backends"] == {"sort": 2}, stats  # torch.topk and x.topk
     assert set(stats["softmax"]["traced"]) == {"aten"} and not stats["softmax"]["calls"]
     assert set(stats["permute"]["traced"]) == {"aten"} and not stats["permute"]["calls"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "kernels"])
+def test_gpu_compiled_inductor_under_enable(cuda, forced):
+    """Inductor on the GPU under enable(): one graph, torch's results; with kernels forced,
+    every op ran opselect's backend (function and method forms alike)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    args = (torch.randn(64, 4000, device="cuda", generator=gen),
+            torch.randint(0, 1000, (100_000,), device="cuda", generator=gen),
+            torch.randint(0, 1000, (300,), device="cuda", generator=gen),
+            torch.randn(8, 64, 12, 32, device="cuda", generator=gen))
+    want = every_torch_op(*args)
+    torch._dynamo.reset()
+    with opselect.enabled(backends=FORCED if forced else None):
+        got = torch.compile(every_torch_op, fullgraph=True)(*args)
+    for g, w in zip(got, want):
+        if g.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(g, w)
+    stats = opselect.stats()
+    if forced:
+        for op in ("softmax", "log_softmax", "topk", "isin", "permute"):
+            assert stats[op]["backends"] == {FORCED[op]: stats[op]["calls"]}, (op, stats)
+            assert stats[op]["calls"] > 0, (op, stats)
+    else:  # the rule: softmax and permute stay inductor's
+        for op in ("softmax", "log_softmax", "permute"):
+            assert set(stats[op]["traced"]) == {"aten"}, (op, stats)
