@@ -17,13 +17,18 @@ Where a compiled call goes (the rule, decided at trace time; `COMPILED_RULE` bel
   * A forced backend keeps it: backend="torch" is the aten op, any other is opselect.<op>.
   * Static shapes: the aten op where inductor generates a kernel of its own as good as ours
     (it fuses that kernel with its neighbours, which an opaque op prevents): permute (a tiled
-    copy), softmax and log_softmax (a fused reduction), and isin with a test set smaller than
-    10 * M**0.145 elements (inductor's isin decomposition compares every element with every test
-    element there, one fused kernel). Elsewhere inductor falls back to ATen (topk) or to sorts
-    and binary searches (larger isin), and the dispatcher's choice for the traced shapes
-    decides: torch's choice is the aten op, any other backend is opselect.<op>. (Inductor sorts
-    for topk only with config.triton.decompose_sort_ops, off by default; a sort loses to
-    opselect's selection kernels either way.)
+    copy), softmax and log_softmax (a fused reduction). isin: inductor runs torch._decomp's
+    decomposition, never aten.isin: below 10 * M**0.145 test elements it compares every element
+    with every test element (one fused reduction), above it sorts the test set (one Triton
+    kernel up to 512 elements, aten.sort beyond) and runs one fused binary search per element
+    (bucketize). Its time is estimated by our backend that does the same work (`compare`,
+    `search`; `torch` for assume_unique, which sorts everything), measured where the tune cache
+    has it, else the cost model's, and opselect.isin is placed only where the dispatcher's choice,
+    plus one more pass over the elements and the result (fused by inductor, not by an opaque op),
+    beats that by the dispatcher's TORCH_MARGIN (_isin_inductor_keeps). topk: inductor falls
+    back to aten.topk (it sorts only with config.triton.decompose_sort_ops, off by default, and
+    a sort loses to opselect's selection kernels either way), so the dispatcher's choice for the
+    traced shapes decides: torch's choice is the aten op, any other backend is opselect.<op>.
   * Dynamic shapes (a symbolic size): permute and softmax stay aten; isin and topk become
     opselect.<op>, which chooses per call at run time (torch's kernel among the candidates), so
     no size is guarded and no size recompiles.
@@ -42,7 +47,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from . import routing_state as _routing
 from . import usage as _usage
+from .dispatch import op as _dispatch_op
 from .dispatch.op import Op
 from .kernels import isin as _isin
 from .kernels import permute as _permute
@@ -92,6 +99,22 @@ LIB.define("log_softmax_or_aten(Tensor input, int dim, ScalarType? dtype=None, "
 # eager autograd wrappers of the backends stay out of it)
 # ---------------------------------------------------------------------------------------------
 _set_grad_enabled = torch._C._set_grad_enabled
+
+
+def _unrouted(fn: Callable) -> Callable:
+    """fn with opselect.enable()'s routing off while it runs: torch's own ops that it calls
+    (the `torch` backend, a trace-time fallback to the aten op, a .contiguous() in a prepare)
+    reach torch, never a patched entry point that would come back here."""
+
+    def unrouted(*args, **kwargs):
+        token = _routing.suspend()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _routing.resume(token)
+
+    unrouted.__name__ = unrouted.__qualname__ = fn.__name__
+    return unrouted
 
 
 def _run(op: Op, call, backend: Optional[str]):
@@ -147,7 +170,7 @@ def _softmax_backward_kernel(output, grad, dim, log, grad_dtype):
 for _name, _fn in (("isin", _isin_kernel), ("topk", _topk_kernel), ("permute", _permute_kernel),
                    ("softmax", _softmax_kernel), ("log_softmax", _log_softmax_kernel),
                    ("softmax_backward", _softmax_backward_kernel)):
-    LIB.impl(_name, _fn, "CompositeExplicitAutograd")
+    LIB.impl(_name, _unrouted(_fn), "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,10 +306,14 @@ def _symbolic(*values) -> bool:
 
 
 def _placed(op: Op, backend: Optional[str], shapes: Sequence[Any],
-            inductor_takes: Callable[[], bool], make_call: Callable[[], Any] | None) -> bool:
+            make_call: Callable[[], Any] | None,
+            inductor_keeps: bool | Callable[[Any, str], bool] = False) -> bool:
     """Whether a compiled call of `op` becomes opselect's op (True) or the aten op (False).
     make_call None: the call cannot be prepared from traced tensors (permute reads the data
-    pointer's alignment), so opselect's op decides at run time."""
+    pointer's alignment), so opselect's op decides at run time. inductor_keeps (the "auto"
+    rule, static shapes): True where inductor's own kernel is always as good; a function of
+    (call, the dispatcher's choice) where inductor's kernel is estimated; False where inductor
+    falls back to ATen (the dispatcher's choice decides alone)."""
     if backend is not None and backend != "auto":
         if make_call is not None and not _symbolic(*shapes):
             op._force(make_call(), backend)  # refused here, at trace time, as in eager mode
@@ -295,11 +322,12 @@ def _placed(op: Op, backend: Optional[str], shapes: Sequence[Any],
         placed = backend != "torch"
     else:
         rule = COMPILED_RULE if COMPILED_RULE in _RULES else "auto"
+        auto = rule == "auto"
         if rule == "aten":
             placed = False
         elif _symbolic(*shapes):
             placed = rule == "dispatcher" or op.name in _DYNAMIC_OPSELECT
-        elif rule == "auto" and inductor_takes():
+        elif auto and inductor_keeps is True:
             placed = False
         elif make_call is None:
             placed = True
@@ -312,16 +340,50 @@ def _placed(op: Op, backend: Optional[str], shapes: Sequence[Any],
                 # tune=False: the inputs are fake while tracing; nothing can be measured.
                 name = choice.backend.name if choice else op.decide(call, tune=False).choice
                 placed = name != "torch"
+                if placed and auto and callable(inductor_keeps):
+                    placed = not inductor_keeps(call, name)
     _usage.record_trace(op.name, "opselect" if placed else "aten")
     return placed
 
 
-def _always() -> bool:
-    return True
+def _isin_inductor_keeps(call, choice: str) -> bool:
+    """Inductor's own isin is estimated no slower than opselect.isin running `choice`
+    (isin_inductor_keeps, with the dispatcher's candidates for this call and its device's model)."""
+    from .heuristics.device_model import model_for
+
+    decision = _isin.OP.decide(call, tune=False)
+    return isin_inductor_keeps(call, choice, decision.candidates, model_for(call.info))
 
 
-def _never() -> bool:
-    return False
+def isin_inductor_keeps(call, choice: str, candidates, model) -> bool:
+    """Whether inductor's own isin (torch._decomp's, traced) is estimated no slower than
+    opselect.isin running the backend `choice`. Inductor compares every element with every test
+    element (one fused reduction: our `compare` backend's work) below 10 * M**0.145 test
+    elements, and above it sorts the test set (in one Triton kernel up to 512 elements, aten.sort
+    beyond) and runs one fused binary search (bucketize) per element (our `search` backend's
+    work); assume_unique sorts elements and test set together (about torch's own sorting path).
+    So that backend's time stands in for inductor's, measured where the tune cache has both
+    times, else the cost model's; opselect's op must beat it, with one more pass over the
+    elements and the bool result (which inductor fuses into its neighbours and an opaque op
+    cannot), by the dispatcher's TORCH_MARGIN (dispatch/op.py)."""
+    m, n = call.m, call.n
+    if n < 10.0 * m ** 0.145:
+        stand_in = "compare"
+    else:
+        stand_in = "torch" if call.assume_unique else "search"
+    if choice == stand_in:
+        return True  # the same algorithm, unfused: inductor's is at least as fast
+    found = {c.name: c for c in candidates}
+    mine, theirs = found.get(choice), found.get(stand_in)
+    if mine is None or theirs is None or not theirs.supported:
+        return False
+    measured = mine.measured_s is not None and theirs.measured_s is not None
+    t_mine = mine.measured_s if measured else mine.predicted_s
+    t_theirs = theirs.measured_s if measured else theirs.predicted_s
+    if t_mine is None or t_theirs is None:
+        return False
+    unfused = model.stream(m * call.elements.dtype.itemsize + 2 * m)
+    return t_mine + unfused >= _dispatch_op.TORCH_MARGIN * t_theirs
 
 
 def _flat_test(test: torch.Tensor) -> torch.Tensor:
@@ -330,19 +392,16 @@ def _flat_test(test: torch.Tensor) -> torch.Tensor:
 
 
 def _isin_or_aten(elements, test_elements, assume_unique=False, invert=False, backend=None):
-    # torch._decomp's isin compares every element with every test element below this test-set
-    # size: one kernel, which inductor fuses with its neighbours.
     if _placed(_isin.OP, backend, (elements, test_elements),
-               lambda: test_elements.numel() < 10.0 * elements.numel() ** 0.145,
                lambda: _isin.prepare(elements, test_elements, assume_unique=assume_unique,
-                                     invert=invert)):
+                                     invert=invert), _isin_inductor_keeps):
         return _ops.isin(elements, test_elements, assume_unique, invert, backend)
     return torch.isin(elements, _flat_test(test_elements), assume_unique=assume_unique,
                       invert=invert)
 
 
 def _topk_or_aten(input, k, dim=-1, largest=True, sorted=True, backend=None):
-    if _placed(_topk.OP, backend, (input, k), _never,
+    if _placed(_topk.OP, backend, (input, k),
                lambda: _topk.prepare(input, k, dim, largest, sorted)):
         return _ops.topk(input, k, dim, largest, sorted, backend)
     values, indices = torch.topk(input, k, dim, largest, sorted)
@@ -350,11 +409,13 @@ def _topk_or_aten(input, k, dim=-1, largest=True, sorted=True, backend=None):
 
 
 def _permute_or_aten(input, dims, backend=None):
-    if _placed(_permute.OP, backend, (input,), _always,
+    if _placed(_permute.OP, backend, (input,),
                None if type(input) is not torch.Tensor else
-               lambda: _permute.prepare(input, list(dims))):
+               lambda: _permute.prepare(input, list(dims)), True):
         return _ops.permute(input, dims, backend)
-    return input.permute(dims).clone(memory_format=torch.contiguous_format)
+    if list(dims) != list(range(input.dim())):
+        input = input.permute(dims)
+    return input.clone(memory_format=torch.contiguous_format)
 
 
 def _softmax_or_aten(log: bool):
@@ -364,7 +425,7 @@ def _softmax_or_aten(log: bool):
     aten = torch.log_softmax if log else torch.softmax
 
     def or_aten(input, dim, dtype=None, backend=None):
-        if _placed(op, backend, (input,), _always, lambda: prepare(input, dim, dtype=dtype)):
+        if _placed(op, backend, (input,), lambda: prepare(input, dim, dtype=dtype), True):
             return kernel(input, dim, dtype, backend)
         return aten(input, dim, dtype=dtype)
 
@@ -375,7 +436,7 @@ for _name, _fn in (("isin_or_aten", _isin_or_aten), ("topk_or_aten", _topk_or_at
                    ("permute_or_aten", _permute_or_aten),
                    ("softmax_or_aten", _softmax_or_aten(False)),
                    ("log_softmax_or_aten", _softmax_or_aten(True))):
-    LIB.impl(_name, _fn, "CompositeImplicitAutograd")
+    LIB.impl(_name, _unrouted(_fn), "CompositeImplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,27 +13,54 @@ torch.reshape) of such a view where the reshape has to copy. Calls opselect does
 tensor subclass, an out= argument, a named dim, an implicit softmax dim, a view with gaps, a
 memory format other than contiguous) reach torch's own function untouched.
 
-How: a TorchFunctionMode (torch.overrides). Its handler runs with the mode switched off, so the
-`torch` backend's call of torch's own op reaches torch's kernel and never comes back here. Dynamo
-traces the mode, so a compiled function that calls torch.softmax calls opselect's op in its
-graph (or keeps the aten op where inductor's own kernel is as good; see opselect/library.py).
-The mode sees every torch call of the thread: each one that is not routed pays about a
-microsecond of Python on the way through (compiled graphs pay nothing: the mode is traced
-away). Torch function modes are per thread, and so is enable().
+How: while some thread has routing on, those entry points (the attributes of torch,
+torch.special, torch.nn.functional and torch.Tensor named above, 14 in all) are replaced by thin
+wrappers that keep the original objects. A wrapper reads this thread's routing (a
+threading.local), checks that the call is one opselect takes, and runs opselect's op; anything
+else goes to the saved original. Every other torch call and tensor attribute is untouched and
+costs nothing extra (a TorchFunctionMode, the first design, put a Python handler on every torch
+call of the thread, and on every call that a compiled graph's wrapper code makes at run time).
+Routing is per thread: other threads go through the wrappers to the originals (a few hundred
+ns on those 14 entry points only). The originals are put back, the exact objects, when the last
+thread disables routing (or exits). opselect's own op implementations switch routing off while
+they run (routing_state.suspend()), so the `torch` backend's call of torch's op reaches torch's
+kernel and never recurses.
+
+Compiled code (torch.compile): Dynamo traces the function wrappers (torch.softmax, F.softmax,
+torch.topk, torch.isin, torch.reshape, ...), guards on the patched objects and on this thread's
+routing, and calls opselect's library op in its graph (or keeps the aten op where inductor's own
+kernel is as good; see opselect/library.py). Dynamo never looks at torch.Tensor's attributes for
+a plain tensor's method call (x.topk(k), x.softmax(d), x.contiguous(), x.reshape(...)), so those
+stay method calls in Dynamo's graph and are routed when AOTAutograd traces that graph (the
+wrappers see its FunctionalTensors; backend="eager" runs the graph's method calls through the
+wrappers at run time). Dynamo's guards cannot see that: a function whose only routed calls are
+Tensor methods keeps what was decided when it was compiled; compile it after enable() (or call
+torch._dynamo.reset() after switching routing). Under the "auto" rule only x.topk is affected:
+a method-form softmax, contiguous or reshape compiles to the aten op either way.
+
+torch._dynamo is imported by the first enable() (about a second once, if the program has not
+imported it yet): Dynamo builds its tables of torch's functions from torch's attribute names the
+first time it is imported, and must see the originals there, not the wrappers. TorchScript
+(torch.jit.script) of a function that calls a routed entry point fails while routing is on.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
+import warnings
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.compiler import is_compiling as _compiling
-from torch.overrides import TorchFunctionMode
 
 from . import library as _library
+from . import routing_state as _state
 from . import usage as _usage
 from .dispatch.op import Op
 from .kernels import isin as _isin
@@ -43,10 +70,35 @@ from .kernels import topk as _topk
 
 OPS = ("isin", "topk", "permute", "softmax", "log_softmax")
 
-#: What a handler returns for a call opselect does not take: the mode then calls torch.
+#: What a handler returns for a call opselect does not take: the wrapper then calls torch.
 PASS = NotImplemented
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_thread = _state._local
+_HERE = __file__
+
+
+def _takes(x: Any) -> bool:
+    """A tensor opselect takes: a plain one (also what Dynamo's traced code sees), or, while
+    AOTAutograd traces a graph, the functional tensor of a call that the graph itself makes (a
+    Tensor method call that Dynamo left in its graph), not one made by torch's own
+    decompositions (torch._decomp's matmul reshapes its operands, for instance)."""
+    kind = type(x)
+    return kind in _PLAIN or (kind is FunctionalTensor and _compiling() and _graph_call())
+
+
+def _graph_call() -> bool:
+    """The routed call comes from an FX graph's code or from an FX Interpreter running a
+    graph's call_method node."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == _HERE:
+        frame = frame.f_back
+    if frame is None:
+        return False
+    code = frame.f_code
+    return code.co_filename.startswith("<eval_with_key>") or (
+        code.co_name == "call_method"
+        and code.co_filename.replace("\\", "/").endswith("torch/fx/interpreter.py"))
 
 
 def _arg(args: tuple, kwargs: Mapping[str, Any], i: int, name: str, default: Any = None) -> Any:
@@ -62,8 +114,15 @@ def _known(kwargs: Mapping[str, Any], names: frozenset) -> bool:
     return True
 
 
-def _counted(op: Op, call, backend: Optional[str]):
-    result = op.run(call, backend)
+def _counted(op: Op, prepare: Callable, backend: Optional[str], *args, **kwargs):
+    """An eager routed call: prepare(*args, **kwargs) and run it, with routing off meanwhile
+    (the `torch` backend calls torch's own op, which must not come back here)."""
+    token = _state.suspend()
+    try:
+        call = prepare(*args, **kwargs)
+        result = op.run(call, backend)
+    finally:
+        _state.resume(token)
     _usage.record_run(op, call, backend)
     return result
 
@@ -74,11 +133,11 @@ def _counted(op: Op, call, backend: Optional[str]):
 _ISIN_KW = frozenset(("elements", "test_elements", "assume_unique", "invert"))
 
 
-def _isin_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
+def _isin_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     elements = _arg(args, kwargs, 0, "elements")
     test = _arg(args, kwargs, 1, "test_elements")
-    if (len(args) > 2 or not _known(kwargs, _ISIN_KW) or type(elements) not in _PLAIN
-            or type(test) not in _PLAIN):
+    if (len(args) > 2 or not _known(kwargs, _ISIN_KW) or not _takes(elements)
+            or not _takes(test)):
         return PASS
     assume_unique = bool(kwargs.get("assume_unique", False))
     invert = bool(kwargs.get("invert", False))
@@ -88,21 +147,21 @@ def _isin_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
     backend = router.backends.get("isin")
     if _compiling():
         return _library.isin(elements, test, assume_unique, invert, None, backend)
-    call = _isin.prepare(elements, test, assume_unique=assume_unique, invert=invert)
-    return _counted(_isin.OP, call, backend)
+    return _counted(_isin.OP, _isin.prepare, backend, elements, test,
+                    assume_unique=assume_unique, invert=invert)
 
 
 _TOPK_KW = frozenset(("input", "k", "dim", "largest", "sorted"))
 _TOPK_DTYPES = frozenset(_topk.SUPPORTED_DTYPES)
 
 
-def _topk_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
+def _topk_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     x = _arg(args, kwargs, 0, "input")
     k = _arg(args, kwargs, 1, "k")
     dim = _arg(args, kwargs, 2, "dim", -1)
     largest = _arg(args, kwargs, 3, "largest", True)
     sorted_ = _arg(args, kwargs, 4, "sorted", True)
-    if (len(args) > 5 or not _known(kwargs, _TOPK_KW) or type(x) not in _PLAIN
+    if (len(args) > 5 or not _known(kwargs, _TOPK_KW) or not _takes(x)
             or x.dtype not in _TOPK_DTYPES or x.layout != torch.strided
             or type(dim) is not int or type(largest) is not bool or type(sorted_) is not bool
             or not isinstance(k, (int, torch.SymInt)) or isinstance(k, bool)):
@@ -110,13 +169,13 @@ def _topk_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
     backend = router.backends.get("topk")
     if _compiling():
         return _library.topk(x, k, dim, largest, sorted_, backend)
-    return _counted(_topk.OP, _topk.prepare(x, k, dim, largest, sorted_), backend)
+    return _counted(_topk.OP, _topk.prepare, backend, x, k, dim, largest, sorted_)
 
 
 _SOFTMAX_KW = frozenset(("input", "dim", "dtype", "_stacklevel"))
 
 
-def _softmax_handler(log: bool, functional: bool) -> Callable[["_Router", tuple, dict], Any]:
+def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tuple, dict], Any]:
     """torch.softmax(input, dim, dtype=None), Tensor.softmax(dim, dtype=None) and
     F.softmax(input, dim=None, _stacklevel=3, dtype=None) (functional: dtype is 4th)."""
     name = "log_softmax" if log else "softmax"
@@ -124,18 +183,18 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[["_Router", tuple,
     prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
     compiled = _library.log_softmax if log else _library.softmax
 
-    def handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
+    def handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
         x = _arg(args, kwargs, 0, "input")
         dim = _arg(args, kwargs, 1, "dim")
         dtype = _arg(args, kwargs, 3 if functional else 2, "dtype")
         if (len(args) > (4 if functional else 3) or not _known(kwargs, _SOFTMAX_KW)
-                or type(x) not in _PLAIN or type(dim) is not int or x.layout != torch.strided
+                or not _takes(x) or type(dim) is not int or x.layout != torch.strided
                 or (dtype if dtype is not None else x.dtype) not in _FLOATS):
             return PASS  # an implicit or named dim, an integer input, a subclass: torch's
         backend = router.backends.get(name)
         if _compiling():
             return compiled(x, dim, dtype, backend)
-        return _counted(op, prepare(x, dim, dtype=dtype), backend)
+        return _counted(op, prepare, backend, x, dim, dtype=dtype)
 
     return handler
 
@@ -151,30 +210,48 @@ def _dense_permuted(x: torch.Tensor) -> bool:
     return True
 
 
-def _copy_of_view(router: "_Router", x: torch.Tensor) -> Any:
+def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
     dims = list(range(x.dim()))
     backend = router.backends.get("permute")
     if _compiling():
         return _library.permute(x, dims, None, backend)
-    return _counted(_permute.OP, _permute.prepare(x, dims), backend)
+    return _counted(_permute.OP, _permute.prepare, backend, x, dims)
+
+
+def _already_contiguous(x: Any) -> bool:
+    """The common call of a model's .contiguous() or .reshape(): an eager, plain, contiguous
+    tensor. Answered first, in a few checks (the call passes to torch)."""
+    return (type(x) in _PLAIN and x.layout is torch.strided and not _compiling()
+            and x.is_contiguous())
 
 
 def _plain_view(x: Any) -> bool:
-    return (type(x) in _PLAIN and x.layout == torch.strided and not _library._symbolic(x)
-            and not x.is_contiguous() and _dense_permuted(x))
+    """x is a permuted view with no gaps (not itself contiguous) that opselect copies. The
+    common case, an already contiguous tensor, is answered after two checks."""
+    if not _takes(x) or x.layout != torch.strided:
+        return False
+    if _compiling() and _library._symbolic(x):
+        return False  # a symbolic size: torch's op (guarding a layout would specialize it)
+    return not x.is_contiguous() and _dense_permuted(x)
 
 
-def _contiguous_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
+def _contiguous_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     x = args[0] if args else kwargs.get("self")
-    fmt = _arg(args, kwargs, 1, "memory_format", torch.contiguous_format)
-    if fmt is not torch.contiguous_format or not _plain_view(x):
+    if _already_contiguous(x):
+        return PASS
+    if (len(args) > 1 or kwargs) and _arg(args, kwargs, 1, "memory_format",
+                                          torch.contiguous_format) is not torch.contiguous_format:
+        return PASS
+    if not _plain_view(x):
         return PASS
     return _copy_of_view(router, x)
 
 
-def _reshape_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
+def _reshape_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     """Tensor.reshape(*shape) / Tensor.reshape(shape) / torch.reshape(input, shape)."""
     x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    if _already_contiguous(x) or not _plain_view(x):
+        return PASS
     rest = args[1:]
     if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
         shape = tuple(rest[0])
@@ -185,7 +262,7 @@ def _reshape_handler(router: "_Router", args: tuple, kwargs: dict) -> Any:
         if shape is None:
             return PASS
         shape = tuple(shape)
-    if not _plain_view(x) or not all(type(s) is int for s in shape):
+    if not all(type(s) is int for s in shape):
         return PASS
     target = _infer(shape, x.numel())
     if target is None or _view_strides(tuple(x.shape), x.stride(), target) is not None:
@@ -240,51 +317,146 @@ def _view_strides(old_shape: tuple, old_strides: tuple, new_shape: tuple) -> Opt
     return new_strides if view_d == -1 else None
 
 
-_HANDLERS: dict[str, list[tuple[Callable, Callable]]] = {
-    "isin": [(torch.isin, _isin_handler)],
-    "topk": [(torch.topk, _topk_handler), (torch.Tensor.topk, _topk_handler)],
-    "softmax": [(torch.softmax, _softmax_handler(False, False)),
-                (torch.special.softmax, _softmax_handler(False, False)),
-                (torch.Tensor.softmax, _softmax_handler(False, False)),
-                (F.softmax, _softmax_handler(False, True))],
-    "log_softmax": [(torch.log_softmax, _softmax_handler(True, False)),
-                    (torch.special.log_softmax, _softmax_handler(True, False)),
-                    (torch.Tensor.log_softmax, _softmax_handler(True, False)),
-                    (F.log_softmax, _softmax_handler(True, True))],
-    "permute": [(torch.Tensor.contiguous, _contiguous_handler),
-                (torch.Tensor.reshape, _reshape_handler), (torch.reshape, _reshape_handler)],
-}
+_ENTRY_POINTS: list[tuple[str, Any, str, Callable, bool]] = [
+    # (op, owner, attribute, handler, whether the original is Python that calls another entry
+    # point: F.softmax calls Tensor.softmax, which must not route a call F.softmax passed on)
+    ("isin", torch, "isin", _isin_handler, False),
+    ("topk", torch, "topk", _topk_handler, False),
+    ("topk", torch.Tensor, "topk", _topk_handler, False),
+    ("softmax", torch, "softmax", _softmax_handler(False, False), False),
+    ("softmax", torch.special, "softmax", _softmax_handler(False, False), False),
+    ("softmax", torch.Tensor, "softmax", _softmax_handler(False, False), False),
+    ("softmax", F, "softmax", _softmax_handler(False, True), True),
+    ("log_softmax", torch, "log_softmax", _softmax_handler(True, False), False),
+    ("log_softmax", torch.special, "log_softmax", _softmax_handler(True, False), False),
+    ("log_softmax", torch.Tensor, "log_softmax", _softmax_handler(True, False), False),
+    ("log_softmax", F, "log_softmax", _softmax_handler(True, True), True),
+    ("permute", torch.Tensor, "contiguous", _contiguous_handler, False),
+    ("permute", torch.Tensor, "reshape", _reshape_handler, False),
+    ("permute", torch, "reshape", _reshape_handler, False),
+]
 
 
-# ---------------------------------------------------------------------------------------------
-# The mode
-# ---------------------------------------------------------------------------------------------
-class _Router(TorchFunctionMode):
-    def __init__(self, ops: Iterable[str], backends: Mapping[str, str]):
-        super().__init__()
-        self.configure(ops, backends)
+def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) -> Callable:
+    """The wrapper installed in place of `original`."""
 
-    def configure(self, ops: Iterable[str], backends: Mapping[str, str]) -> None:
-        self.ops = tuple(ops)
-        self.backends = dict(backends)
-        self.routes = {func: handler for op in self.ops for func, handler in _HANDLERS[op]}
+    def routed(*args, **kwargs):
+        router = getattr(_thread, "router", None)
+        if router is None or op not in router.ops:
+            return original(*args, **kwargs)
+        result = handler(router, args, kwargs)
+        if result is not PASS:
+            return result
+        if calls_entries and not _compiling():
+            if len(args) < 3 and "_stacklevel" not in kwargs:
+                kwargs["_stacklevel"] = 4  # F.softmax's warning names the caller, not this frame
+            token = _state.suspend()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _state.resume(token)
+        return original(*args, **kwargs)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        route = self.routes.get(func)
-        if route is not None:
-            result = route(self, args, kwargs)
-            if result is not PASS:
-                return result
-        return func(*args, **kwargs)
-
-
-_local = threading.local()
+    functools.update_wrapper(routed, original)  # name, doc; __wrapped__ is the original
+    return routed
 
 
-def _router() -> Optional[_Router]:
-    return getattr(_local, "router", None)
+# (owner, attribute, original, wrapper, whether owner's own __dict__ held the original)
+_installed: list[tuple[Any, str, Callable, Callable, bool]] = []
+_install_lock = threading.Lock()
+_leases = 0
+_user_cache_tag: Optional[str] = None
+
+
+def _tag_compile_caches(router: Optional[_state.Router]) -> None:
+    """Put the routing in torch.compile's cache keys (torch.compiler.config.cache_key_tag, part
+    of the AOTAutograd and FX graph cache keys): a graph whose Tensor-method calls were routed
+    when AOTAutograd traced it is never loaded from the on-disk cache by a program that routes
+    differently, or not at all (those keys are taken from Dynamo's graph, which is the same).
+    The tag follows the last change of any thread's routing; the program's own tag is kept in
+    front and restored when routing ends."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "cache_key_tag") or _user_cache_tag is None:
+        return
+    mark = "off" if router is None else (
+        f"{','.join(sorted(router.ops))};"
+        + ",".join(f"{op}={name}" for op, name in sorted(router.backends.items())))
+    config.cache_key_tag = f"{_user_cache_tag}|opselect routing {mark}"
+
+
+def _set_router(router: Optional[_state.Router]) -> None:
+    _state.set_current(router)
+    _tag_compile_caches(router)
+
+
+def _prepare_dynamo() -> None:
+    """Dynamo's tables of torch's functions are built from torch's attribute names (on import,
+    and Tensor's methods on first use): build them now, while the attributes are torch's own."""
+    import torch._dynamo  # noqa: F401
+    from torch._dynamo import trace_rules
+
+    for table in ("get_torch_obj_rule_map", "get_tensor_method"):
+        if hasattr(trace_rules, table):
+            getattr(trace_rules, table)()
+
+
+def _install() -> None:
+    global _user_cache_tag
+    _prepare_dynamo()
+    config = getattr(torch.compiler, "config", None)
+    _user_cache_tag = getattr(config, "cache_key_tag", None)
+    for op, owner, name, handler, calls_entries in _ENTRY_POINTS:
+        own = name in vars(owner)
+        original = getattr(owner, name)
+        wrapper = _entry(op, original, handler, calls_entries)
+        setattr(owner, name, wrapper)
+        _installed.append((owner, name, original, wrapper, own))
+
+
+def _uninstall() -> None:
+    global _user_cache_tag
+    if _user_cache_tag is not None:
+        torch.compiler.config.cache_key_tag = _user_cache_tag
+        _user_cache_tag = None
+    replaced = []
+    while _installed:
+        owner, name, original, wrapper, own = _installed.pop()
+        if vars(owner).get(name) is not wrapper:
+            replaced.append(f"{getattr(owner, '__name__', owner)}.{name}")
+            continue  # someone patched over ours: theirs stays (ours passes calls through)
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+    if replaced:
+        warnings.warn("opselect.disable(): left in place what replaced opselect's wrappers of "
+                      + ", ".join(replaced), RuntimeWarning, stacklevel=3)
+
+
+def _release() -> None:
+    global _leases
+    with _install_lock:
+        _leases -= 1
+        if _leases == 0:
+            _uninstall()
+
+
+class _Lease:
+    """Held by each thread with routing on (in its threading.local): when the thread disables
+    routing or ends, the lease goes and its finalizer releases the entry points."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _acquire() -> None:
+    global _leases
+    with _install_lock:
+        if _leases == 0 and not _installed:
+            _install()
+        _leases += 1
+    lease = _Lease()
+    weakref.finalize(lease, _release)
+    _thread.lease = lease
 
 
 def _checked(ops: Optional[Iterable[str]], backends: Optional[Mapping[str, str]]):
@@ -311,31 +483,22 @@ def enable(ops: Optional[Iterable[str]] = None,
     ({"softmax": "fused"}); otherwise the dispatcher chooses. Calling enable() again changes
     which ops are routed."""
     names, forced = _checked(ops, backends)
-    router = _router()
-    if router is not None:
-        router.configure(names, forced)
-        return
-    router = _Router(names, forced)
-    router.__enter__()
-    _local.router = router
+    if getattr(_thread, "lease", None) is None:
+        _acquire()
+    _set_router(_state.Router(names, forced))
 
 
 def disable() -> None:
-    """Stop routing (a no-op when not enabled). Torch function modes entered after enable()
-    must be exited first."""
-    router = _router()
-    if router is None:
+    """Stop routing this thread's calls (a no-op when not enabled). The original entry points
+    are restored when no thread routes any more."""
+    if getattr(_thread, "lease", None) is None:
         return
-    stack = torch.overrides._get_current_function_mode_stack()
-    if not stack or stack[-1] is not router:
-        raise RuntimeError("opselect.disable(): another torch function mode was entered after "
-                           "opselect.enable() and is still active; exit it first")
-    router.__exit__(None, None, None)
-    _local.router = None
+    _set_router(None)
+    _thread.lease = None  # its finalizer releases the entry points
 
 
 def is_enabled() -> bool:
-    return _router() is not None
+    return getattr(_thread, "lease", None) is not None
 
 
 @contextmanager
@@ -343,17 +506,16 @@ def enabled(ops: Optional[Iterable[str]] = None,
             backends: Optional[Mapping[str, str]] = None) -> Iterator[None]:
     """enable() for the block; what was routed before is restored after it."""
     names, forced = _checked(ops, backends)
-    router = _router()
-    if router is not None:
-        before = (router.ops, router.backends)
-        router.configure(names, forced)
+    if not is_enabled():
+        enable(names, forced)
         try:
             yield
         finally:
-            router.configure(*before)
+            disable()
         return
-    enable(names, forced)
+    before = _state.current()
+    _set_router(_state.Router(names, forced))
     try:
         yield
     finally:
-        disable()
+        _set_router(before)

@@ -279,16 +279,60 @@ def test_rule_inductor_keeps_softmax_and_permute(cpu_triton, monkeypatch):
     assert "opselect.topk" in codes[0]  # a forced backend is kept under every rule
 
 
-def test_rule_isin_small_test_sets_stay_aten(cpu_triton):
+def timings(op_name: str, call, seconds: dict) -> None:
+    """Tune-cache timings for this call's key: `seconds` per backend, 1 s for the others."""
+    op = get_op(op_name)
+    able = [c.name for c in op.plan(call) if c.supported]
+    store().put_timings(op.name, call.info, call.key[1:], {
+        n: (seconds.get(n, 1.0), dict(op.backend(n).configs(call)[0]), op.backend(n).source_hash)
+        for n in able})
+
+
+@pytest.mark.parametrize("test_size, unique, seconds, placed", [
+    # Below 10 * M**0.145 (M = 4096: 33) inductor compares all pairs: `compare` stands in.
+    (16, False, {"hash": 0.95e-3, "compare": 1e-3}, False),  # not faster by TORCH_MARGIN
+    (16, False, {"hash": 0.5e-3, "compare": 1e-3}, True),
+    # Above it inductor sorts the test set and binary-searches: `search` stands in.
+    (600, False, {"search": 0.5e-3, "hash": 0.9e-3}, False),  # the choice is inductor's algorithm
+    (600, False, {"hash": 0.95e-3, "search": 1e-3}, False),
+    (600, False, {"hash": 0.5e-3, "search": 1e-3}, True),
+    (600, False, {"hash": 0.5e-3, "search": 1e-3, "compare": 0.4e-3}, True),  # compare: no
+    # assume_unique: inductor sorts elements and test set together, as torch does.
+    (600, True, {"hash": 0.5e-3, "search": 0.1e-3, "torch": 1e-3}, True),  # search chosen
+    (600, True, {"hash": 0.5e-3, "search": 2e-3, "torch": 1e-3}, True),
+    (600, True, {"hash": 0.95e-3, "search": 2e-3, "torch": 1e-3}, False),
+])
+def test_rule_isin_against_inductor(cpu_triton, test_size, unique, seconds, placed):
+    """opselect.isin is placed only where the dispatcher's choice beats inductor's own kernels
+    (estimated by the backend doing their work) by TORCH_MARGIN; measured times here."""
     a = _t((4096,), torch.int64, high=5000)
-    small, large = _t((16,), torch.int64, 1, high=5000), _t((600,), torch.int64, 2, high=5000)
-    for b in (small, large):
-        prefer("isin", get_op("isin").prepare(a, b), "hash")
+    b = _t((test_size,), torch.int64, 1, high=5000)
+    timings("isin", get_op("isin").prepare(a, b, assume_unique=unique), seconds)
     opselect.forget()
-    got, codes = aot_graphs(lambda p, q: ops.isin(p, q), a, small)
-    assert "opselect" not in codes[0] and torch.equal(got, torch.isin(a, small))
-    got, codes = aot_graphs(lambda p, q: ops.isin(p, q), a, large)
-    assert "opselect.isin" in codes[0] and torch.equal(got, torch.isin(a, large))
+    want = torch.isin(a, b, assume_unique=unique) if not unique else None
+    got, codes = aot_graphs(lambda p, q: ops.isin(p, q, assume_unique=unique), a, b)
+    assert ("opselect.isin" in codes[0]) == placed, codes[0]
+    if want is not None:
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("test_size, choice, keeps", [
+    (16, "compare", True),  # inductor's all-pairs compare, fused
+    (1024, "search", True),  # inductor's sort and binary search, fused
+    (1_000_000, "hash", False),  # a hash set against a sort of 1e6 and 20-step searches
+])
+def test_rule_isin_from_the_cost_model(test_size, choice, keeps):
+    """With no measured times the cost model's estimates are compared (an H100's defaults,
+    16M int64 elements in narrow test sets)."""
+    from opselect.dispatch.device import DeviceInfo
+    from opselect.heuristics.device_model import defaults_for
+
+    op = get_op("isin")
+    model = defaults_for(DeviceInfo("cuda", 0, "NVIDIA H100", (9, 0), 132, 50 << 20, 0))
+    args, kwargs = op.sample([[16 << 20], [test_size]], torch.int64, {}, torch.device("meta"))
+    call = op.prepare(*args, **kwargs)
+    candidates = op.plan(call, model, check_device=False)
+    assert library.isin_inductor_keeps(call, choice, candidates, model) is keeps
 
 
 def test_rule_dynamic_shapes(cpu_triton):

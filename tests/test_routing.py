@@ -3,6 +3,7 @@ does not take reach torch untouched; no recursion; stats."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 
 import pytest
@@ -212,21 +213,26 @@ def test_bad_arguments():
     assert not opselect.is_enabled()
 
 
-def test_disable_refuses_under_another_mode():
+def test_other_torch_function_mode_and_disable():
+    """A TorchFunctionMode of the program's own, entered after enable(), sees the routed call
+    (once: opselect's op runs with routing off) and does not stop disable()."""
+    seen = []
+
     class Other(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", ""))
             return func(*args, **(kwargs or {}))
 
+    x = _x(4, 30)
     opselect.enable()
-    other = Other()
-    other.__enter__()
-    try:
-        with pytest.raises(RuntimeError, match="another torch function mode"):
-            opselect.disable()
-    finally:
-        other.__exit__(None, None, None)
-    opselect.disable()
-    assert not opselect.is_enabled()
+    with Other():
+        got = torch.softmax(x, -1)
+        opselect.disable()
+        assert not opselect.is_enabled()
+        torch.softmax(x, -1)
+    torch.testing.assert_close(got, torch.softmax(x, -1))
+    assert calls("softmax") == {"torch": 1}
+    assert seen.count("softmax") == 2, seen
 
 
 def test_per_thread(cpu_triton):
@@ -275,5 +281,201 @@ def test_compiled_under_enable(cpu_triton, backend):
     assert explained.graph_break_count == 0
     stats = opselect.stats()
     for op in ("softmax", "log_softmax", "topk", "isin", "permute"):
-        assert stats[op]["traced"].get("opselect"), (op, stats)
+        # Dynamo leaves a Tensor method call (x.topk, .contiguous(), .reshape) in its graph:
+        # AOTAutograd's trace routes it; backend="eager" runs it through the wrapper eagerly.
+        method_only = op in ("topk", "permute")
+        if not (backend == "eager" and method_only):
+            assert stats[op]["traced"].get("opselect"), (op, stats)
         assert stats[op]["backends"] == {FORCED[op]: stats[op]["calls"]}, (op, stats)
+        assert stats[op]["calls"] > 0, (op, stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry points: patched while some thread routes, the exact originals back afterwards
+# ---------------------------------------------------------------------------------------------
+from opselect import routing as _routing  # noqa: E402
+
+ENTRY_POINTS = [(owner, name) for _, owner, name, _, _ in _routing._ENTRY_POINTS]
+
+
+def _snapshot():
+    return [(getattr(owner, name), name in vars(owner)) for owner, name in ENTRY_POINTS]
+
+
+def test_round_trip_restores_the_exact_objects():
+    before = _snapshot()
+    tag = torch.compiler.config.cache_key_tag
+    add, view = torch.add, torch.Tensor.view
+    opselect.enable()
+    during = _snapshot()
+    assert all(now is not then for (now, _), (then, _) in zip(during, before))
+    assert all(now.__wrapped__ is then for (now, _), (then, _) in zip(during, before))
+    assert torch.add is add and torch.Tensor.view is view  # nothing else is touched
+    assert "opselect routing" in torch.compiler.config.cache_key_tag
+    opselect.disable()
+    after = _snapshot()
+    for (now, own), (then, was_own), (owner, name) in zip(after, before, ENTRY_POINTS):
+        assert now is then and own == was_own, (owner, name)
+    assert "topk" not in vars(torch.Tensor)  # a C method again, not a copy of it
+    assert torch.compiler.config.cache_key_tag == tag
+
+
+def test_entry_points_stay_while_any_thread_routes(cpu_triton):
+    before = _snapshot()
+    ready, stop = threading.Event(), threading.Event()
+
+    def other():
+        opselect.enable(ops=["topk"])
+        ready.set()
+        stop.wait(30)
+        # this thread ends without disable(): its lease goes with it
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    ready.wait(30)
+    try:
+        assert _snapshot() != before
+        assert not opselect.is_enabled()  # routing is per thread
+        torch.topk(_x(4, 9), 2)
+        assert opselect.stats() == {}
+        opselect.enable()
+        opselect.disable()
+        assert _snapshot() != before  # the other thread still routes
+    finally:
+        stop.set()
+        thread.join()
+    import gc
+
+    gc.collect()
+    assert _snapshot() == before
+
+
+def test_a_wrapper_replaced_by_someone_else_is_left_in_place():
+    original = torch.isin
+
+    def theirs(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    opselect.enable()
+    torch.isin = theirs
+    try:
+        with pytest.warns(RuntimeWarning, match="torch.isin"):
+            opselect.disable()
+        assert torch.isin is theirs
+        assert torch.softmax is torch._C._VariableFunctions.softmax
+    finally:
+        torch.isin = original
+
+
+def test_enable_before_dynamo_is_imported(tmp_path):
+    """Dynamo builds its tables of torch's functions by name when it is first imported: enable()
+    imports it first, so a compiled function still finds torch's own functions (an explicit
+    torch.Tensor.topk(x, k) traces the wrapper, which calls the original method)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch, opselect
+assert "torch._dynamo" not in sys.modules
+opselect.enable(backends={"topk": "sort"})
+from torch._dynamo.trace_rules import get_tensor_method, get_torch_obj_rule_map
+assert torch.softmax.__wrapped__ in get_torch_obj_rule_map()
+assert torch.Tensor.topk.__wrapped__ in get_tensor_method()
+def fn(x):
+    return torch.softmax(x, -1) + torch.Tensor.topk(x, 40).values
+x = torch.randn(3, 40)
+got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+opselect.disable()
+torch.testing.assert_close(got, fn(x))
+assert opselect.stats()["topk"]["backends"] == {"sort": 1}, opselect.stats()
+print("ok")
+"""
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1",
+           "OPSELECT_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_compiled_function_recompiles_when_routing_changes(cpu_triton):
+    """Dynamo guards on the patched functions and on this thread's routing."""
+    def fn(x):
+        return F.softmax(x, dim=-1) * 2, torch.topk(x, 3).values
+
+    x = _x(5, 40)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    with opselect.enabled(backends={"softmax": "fused", "topk": "sort"}):
+        compiled(x)
+    assert calls("softmax") == {"fused": 1} and calls("topk") == {"sort": 1}
+    opselect.reset_stats()
+    compiled(x)  # routing off: torch's ops
+    assert opselect.stats() == {}
+    with opselect.enabled(ops=["softmax"], backends={"softmax": "fused"}):
+        got = compiled(x)
+    assert calls("softmax") == {"fused": 1} and calls("topk") == {}
+    for g, w in zip(got, fn(x)):
+        torch.testing.assert_close(g, w)
+
+
+def test_decompositions_inner_calls_are_not_routed(cpu_triton):
+    """torch._decomp's matmul reshapes a permuted operand while it is traced: torch's call,
+    not the program's, so it stays torch's (only the program's own calls are routed)."""
+    a = _x(2, 8, 2, 16).transpose(1, 2)
+    b = _x(16, 5, seed=1)
+    torch._dynamo.reset()
+    with opselect.enabled(backends={"permute": "naive"}):
+        got = torch.compile(torch.matmul, backend="aot_eager", fullgraph=True)(a, b)
+    torch.testing.assert_close(got, torch.matmul(a, b))
+    assert "permute" not in opselect.stats(), opselect.stats()
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="inductor on the CPU needs a C++ compiler")
+def test_compiled_inductor_cpu(cpu_triton):
+    """Inductor (on the CPU) under enable(): one graph; the rule keeps softmax and permute as
+    aten ops and places a forced topk backend; the same results as torch."""
+    def fn(x, m):
+        return (F.softmax(x * 2, dim=-1) + 1, torch.topk(x, 3).values * 2, x.topk(2).indices,
+                m.transpose(0, 1).contiguous() + 1, torch.reshape(m.t(), (-1,)))
+
+    args = (_x(6, 40), _x(5, 7, seed=1))
+    want = fn(*args)
+    torch._dynamo.reset()
+    with opselect.enabled(backends={"topk": "sort"}):
+        got = torch.compile(fn, backend="inductor", fullgraph=True)(*args)
+    for g, w in zip(got, want):
+        _equal(g, w)
+    stats = opselect.stats()
+    assert stats["topk"]["backends"] == {"sort": 2}, stats  # torch.topk and x.topk
+    assert set(stats["softmax"]["traced"]) == {"aten"} and not stats["softmax"]["calls"]
+    assert set(stats["permute"]["traced"]) == {"aten"} and not stats["permute"]["calls"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "kernels"])
+def test_gpu_compiled_inductor_under_enable(cuda, forced):
+    """Inductor on the GPU under enable(): one graph, torch's results; with kernels forced,
+    every op ran opselect's backend (function and method forms alike)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    args = (torch.randn(64, 4000, device="cuda", generator=gen),
+            torch.randint(0, 1000, (100_000,), device="cuda", generator=gen),
+            torch.randint(0, 1000, (300,), device="cuda", generator=gen),
+            torch.randn(8, 64, 12, 32, device="cuda", generator=gen))
+    want = every_torch_op(*args)
+    torch._dynamo.reset()
+    with opselect.enabled(backends=FORCED if forced else None):
+        got = torch.compile(every_torch_op, fullgraph=True)(*args)
+    for g, w in zip(got, want):
+        if g.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(g, w)
+    stats = opselect.stats()
+    if forced:
+        for op in ("softmax", "log_softmax", "topk", "isin", "permute"):
+            assert stats[op]["backends"] == {FORCED[op]: stats[op]["calls"]}, (op, stats)
+            assert stats[op]["calls"] > 0, (op, stats)
+    else:  # the rule: softmax and permute stay inductor's
+        for op in ("softmax", "log_softmax", "permute"):
+            assert set(stats[op]["traced"]) == {"aten"}, (op, stats)
