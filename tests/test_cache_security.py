@@ -368,8 +368,11 @@ def test_a_directory_one_cannot_write_is_read_only(tmp_path, cpu_triton, fake_me
             os.chown(tmp_path, owner, owner)  # the child's scratch cache
         os.chmod(directory, 0o500)
         before = (directory / FILE_NAME).read_bytes()
+        # (tuning's first-run process is not what this test is about; as uid 65534 it could
+        # not even start this venv's Python)
         env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT),
-               "HOME": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+               "HOME": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+               "OPSELECT_TUNE_ISOLATE": "0"}
         out = subprocess.run([sys.executable, "-c", READ_ONLY_CHILD, str(directory),
                               str(tmp_path / "scratch"), str(owner)],
                              env=env, capture_output=True, text=True, timeout=600)

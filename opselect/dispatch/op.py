@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..errors import BackendError
+from . import isolation as _isolation
 from . import tuning_mode as _tuning
 from .backend import Backend
 from .decision import Candidate, Decision
@@ -78,10 +79,14 @@ class Op:
     def __init__(self, name: str, prepare: Callable[..., Call], backends: Sequence[Backend],
                  sample: Callable[..., tuple[tuple, dict]] | None = None,
                  calibration: Sequence[tuple[list, Any, dict]] = (),
-                 timed: Callable[[Call, Callable[[], Any]], Callable[[], Any]] | None = None):
+                 timed: Callable[[Call, Callable[[], Any]], Callable[[], Any]] | None = None,
+                 replay: Callable[[Call], tuple[tuple, dict]] | None = None):
         self.name = name
         self.prepare = prepare
         self.sample = sample
+        #: (args, kwargs) of the public function that prepare() turns into this call: tuning
+        #: first runs unseen candidates on them in a separate process (dispatch/isolation.py)
+        self.replay = replay
         #: what tuning times for a call, given the function that runs one backend on it (an op
         #: under autograd times its backward too, since that is what the user's step pays)
         self.timed = timed
@@ -245,6 +250,18 @@ class Op:
                 if self.timed is not None:
                     fn = self.timed(call, fn)
                 runs.append((backend, dict(cfg), fn))
+        # A candidate's first run on this machine happens in a separate process, so that one
+        # that crashes (a segfault is no exception) is ranked last instead of ending the
+        # user's process. torch's own op is not a candidate for that.
+        crashed = _isolation.first_runs(
+            self, [(b.name, cfg) for b, cfg, _ in runs if b.name != "torch"], call)
+        if crashed:
+            others = [r for r in runs if r[0].name != "torch"]
+            for i, why in crashed.items():
+                b, cfg, _ = others[i]
+                _isolation.warn_failed(f"{self.name}/{b.name} {cfg}", why)
+            bad = {id(others[i]) for i in crashed}
+            runs = [r for r in runs if id(r) not in bad]
         times = _tuning.measure_all(
             [(f"{self.name}/{b.name} {cfg}", fn) for b, cfg, fn in runs], device)
         best: dict[str, tuple[float, dict]] = {

@@ -858,13 +858,19 @@ def _random_values(n: int, dtype: torch.dtype, device, *, narrow: bool, hi_hint:
     return torch.randint(info.min, info.max, (n,), device=device, dtype=dtype)
 
 
+def replay(call: IsinCall) -> tuple[tuple, dict]:
+    """The public call a prepared one came from (tuning's first runs; without out=)."""
+    return (call.elements, call.test), {"assume_unique": call.assume_unique,
+                                        "invert": call.invert}
+
+
 OP = register(Op("isin", prepare, [
     TorchBackend(_torch_isin, cost.torch_),
     CompareBackend(),
     SearchBackend(),
     HashBackend(),
     BitmapBackend(),
-], sample=sample, calibration=[
+], sample=sample, replay=replay, calibration=[
     ([[1 << 22], [32]], torch.int32, {}),
     ([[1 << 22], [1024]], torch.int32, {}),
     ([[1 << 24], [1 << 16]], torch.int32, {}),

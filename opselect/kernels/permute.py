@@ -1060,9 +1060,14 @@ def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
     return (x, dims), options
 
 
+def replay(call: PermuteCall) -> tuple[tuple, dict]:
+    """The public call a prepared one came from (tuning's first runs; without out=)."""
+    return (call.input, list(call.dims)), {}
+
+
 OP = register(Op("permute", prepare, [
     TorchBackend(_torch_permute, cost.torch_),
     NaiveBackend(),
     TiledBackend(),
     VectorizedBackend(),
-], sample=sample))
+], sample=sample, replay=replay))

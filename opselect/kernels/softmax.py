@@ -1228,6 +1228,11 @@ def _with_backward(call: SoftmaxCall, run):
     return forward_backward
 
 
+def replay(call: SoftmaxCall) -> tuple[tuple, dict]:
+    """The public call a prepared one came from (tuning's first runs)."""
+    return (call.x, call.dim), {"dtype": call.dtype_arg}
+
+
 def _make_op(name: str, prepare) -> Op:
     op = Op(name, prepare, [
         TorchBackend(_torch_softmax, cost.torch_),
@@ -1235,7 +1240,7 @@ def _make_op(name: str, prepare) -> Op:
         OnlineBackend(),
         MultirowBackend(),
         StridedBackend(),
-    ], sample=sample, timed=_with_backward)
+    ], sample=sample, timed=_with_backward, replay=replay)
     op.calibration = list(CALIBRATION)  # read by `opselect calibrate`
     return register(op)
 

@@ -2030,6 +2030,11 @@ def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
     return (x.reshape(shape), k), options
 
 
+def replay(call: TopkCall) -> tuple[tuple, dict]:
+    """The public call a prepared one came from (tuning's first runs)."""
+    return (call.input, call.k, call.dim, call.largest, call.sorted), {}
+
+
 OP = register(Op("topk", prepare, [
     TorchBackend(_torch_topk, cost.torch_),
     RadixBackend(),
@@ -2037,7 +2042,7 @@ OP = register(Op("topk", prepare, [
     MaximaBackend(),
     SortBackend(),
     BitonicBackend(),
-], sample=sample, calibration=[
+], sample=sample, replay=replay, calibration=[
     ([[1 << 24]], torch.float32, {"k": 1024}),
     ([[64, 128000]], torch.float32, {"k": 50}),
     ([[4096, 32000]], torch.bfloat16, {"k": 50}),

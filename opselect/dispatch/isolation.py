@@ -1,0 +1,277 @@
+"""First runs in a separate process: tuning survives a candidate that crashes.
+
+Tuning runs every backend of a call, so a backend that faults on this machine for this call (a
+bad address under some plan, a compiler or driver bug) would take the user's process down with
+it: a segfault is not an exception. So a candidate that has never run here for the call's key (the
+tune cache has no timing of it) first runs once in a helper process. If that process dies, the
+candidate is ranked last, with one warning naming it and how it died, and the user's process goes
+on; candidates that ran there are then measured in-process as before.
+
+The helper is one child process per user process (`python -m opselect.dispatch.isolation`),
+started on first need (a few seconds: it imports torch and opselect), reused for every later first
+run and started again after a crash. It is not a multiprocessing child: those re-import the
+user's __main__ module, which would run the user's program again. Requests go over the child's
+stdin as a JSON header and raw tensor bytes (inputs are copied: the child never sees the user's
+memory, and a kernel that scribbles cannot touch it); nothing is pickled. The child imports the
+module that defines the op (prepare's module), so ops defined outside opselect work too.
+
+OPSELECT_TUNE_ISOLATE=0 turns this off (a candidate then runs in the user's process straight
+away); OPSELECT_TUNE_ISOLATE_TIMEOUT (seconds, default 300) bounds one first run, compile
+included. An op takes part when it says how to replay a call (Op.replay).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+from typing import Any, Callable
+
+import torch
+
+ENABLED = os.environ.get("OPSELECT_TUNE_ISOLATE", "1") != "0"
+TIMEOUT_S = float(os.environ.get("OPSELECT_TUNE_ISOLATE_TIMEOUT", "300"))
+_HEADER = struct.Struct("<Q")  # the length of the JSON header that follows
+#: a request's header is small (arguments, shapes); one far larger is not ours
+MAX_HEADER = 1 << 20
+
+
+class _Encoder:
+    """Turns a call's arguments into JSON plus a list of byte blobs (tensors), and back."""
+
+    def __init__(self) -> None:
+        self.blobs: list[bytes] = []
+
+    def encode(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value)
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value).replace("torch.", "")}
+        if isinstance(value, (list, tuple)):
+            return {"seq": [self.encode(v) for v in value], "tuple": isinstance(value, tuple)}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            if isinstance(value, float) and not math.isfinite(value):
+                return {"float": repr(value)}
+            return value
+        raise TypeError(f"cannot send a {type(value).__name__} to the first-run process")
+
+    def _tensor(self, t: torch.Tensor) -> dict:
+        grad = t.requires_grad  # (a call under autograd runs its backward too)
+        t = t.detach()
+        size, stride = list(t.shape), list(t.stride())
+        # Only the span of storage the view reaches (a slice of a large tensor sends the slice).
+        span = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if t.numel() else 0
+        flat = torch.as_strided(t, (span,), (1,), t.storage_offset()) if span else t.reshape(0)
+        raw = flat.cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        self.blobs.append(raw)
+        return {"tensor": len(self.blobs) - 1, "dtype": str(t.dtype).replace("torch.", ""),
+                "size": size, "stride": stride, "device": str(t.device), "grad": grad}
+
+
+def _decode(value: Any, blobs: list[bytes]) -> Any:
+    if isinstance(value, dict):
+        if "tensor" in value:
+            dtype = getattr(torch, value["dtype"])
+            raw = blobs[value["tensor"]]
+            flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else \
+                torch.empty(0, dtype=torch.uint8)
+            flat = flat.view(dtype)
+            flat = flat.to(torch.device(value["device"]))  # the same machine: the same devices
+            t = torch.as_strided(flat, value["size"], value["stride"], 0)
+            return t.requires_grad_() if value.get("grad") else t
+        if "dtype" in value:
+            return getattr(torch, value["dtype"])
+        if "float" in value:
+            return float(value["float"])
+        if "seq" in value:
+            items = [_decode(v, blobs) for v in value["seq"]]
+            return tuple(items) if value["tuple"] else items
+    return value
+
+
+def _write_message(stream, header: dict, blobs: list[bytes]) -> None:
+    data = json.dumps({**header, "blobs": [len(b) for b in blobs]}).encode()
+    stream.write(_HEADER.pack(len(data)))
+    stream.write(data)
+    for blob in blobs:
+        stream.write(blob)
+    stream.flush()
+
+
+def _read_exact(stream, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = stream.read(n - len(out))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return bytes(out)
+
+
+def _read_message(stream) -> tuple[dict, list[bytes]]:
+    (n,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    if n > MAX_HEADER:
+        raise ValueError(f"a message header of {n} bytes")
+    header = json.loads(_read_exact(stream, n))
+    blobs = [_read_exact(stream, size) for size in header.pop("blobs")]
+    return header, blobs
+
+
+# -- the parent's side ------------------------------------------------------------------------------
+class _Child:
+    """The helper process, started on first need and again after it dies."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        env = dict(os.environ, OPSELECT_TUNE="0", OPSELECT_TUNE_ISOLATE="0",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+        return subprocess.Popen([sys.executable, "-m", "opselect.dispatch.isolation"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=env)
+
+    def run(self, request: dict, blobs: list[bytes]) -> tuple[str, str]:
+        """('ok', '') | ('error', message) | ('crashed', how) | ('timeout', '') |
+        ('unavailable', why): the helper process cannot be started here."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                try:
+                    self.proc = self._start()
+                except OSError as exc:  # no permission to run Python here, no processes left
+                    return "unavailable", str(exc)
+            proc = self.proc
+            try:
+                _write_message(proc.stdin, request, blobs)
+                ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
+                if not ready:
+                    self._stop()
+                    return "timeout", f"no answer within {TIMEOUT_S:g} s"
+                header, _ = _read_message(proc.stdout)
+            except (EOFError, BrokenPipeError, OSError, ValueError):
+                code = proc.wait(timeout=30) if proc.poll() is None else proc.returncode
+                self.proc = None
+                return "crashed", _how(code)
+            return ("ok", "") if header.get("ok") else ("error", str(header.get("error")))
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is None:
+                try:
+                    self.proc.stdin.close()
+                    self.proc.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    self.proc.kill()
+            self.proc = None
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+_child = _Child()
+atexit.register(lambda: _child.close())
+
+
+def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any) -> dict[int, str]:
+    """Run each (backend name, config) once on the call in the helper process; returns {index
+    in runs: reason} for those that crashed or raised there (the others ran fine). Returns {}
+    when isolation is off or the op cannot replay its calls (they then run in-process)."""
+    global ENABLED
+    if not ENABLED or getattr(op, "replay", None) is None or not runs:
+        return {}
+    try:
+        args, kwargs = op.replay(call)
+        enc = _Encoder()
+        payload = {"args": enc.encode(list(args)),
+                   "kwargs": {k: enc.encode(v) for k, v in kwargs.items()}}
+        configs = [{k: enc.encode(v) for k, v in config.items()} for _, config in runs]
+    except TypeError:
+        return {}  # an argument that does not travel: run in-process as before
+    failed = {}
+    module = getattr(op.prepare, "__module__", "opselect")
+    for i, ((name, _), config) in enumerate(zip(runs, configs)):
+        request = {"module": module, "op": op.name, "backend": name, "config": config, **payload}
+        status, detail = _child.run(request, enc.blobs)
+        if status == "unavailable":
+            ENABLED = False
+            warnings.warn(f"opselect: tuning cannot start its first-run process ({detail}); "
+                          "candidates run in this process from now on", RuntimeWarning,
+                          stacklevel=4)
+            return {}
+        if status != "ok":
+            failed[i] = f"{status}: {detail}" if detail else status
+    return failed
+
+
+def shutdown() -> None:
+    """Stop the helper process (at exit; tests)."""
+    _child.close()
+
+
+# -- the child's side -------------------------------------------------------------------------------
+def _serve() -> int:
+    import importlib
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Anything the kernels print must not corrupt the replies.
+    sys.stdout = sys.stderr
+    while True:
+        try:
+            request, blobs = _read_message(stdin)
+        except EOFError:
+            return 0
+        try:
+            importlib.import_module("opselect.ops")
+            importlib.import_module(request["module"])
+            from opselect.dispatch import get_op
+
+            op = get_op(request["op"])
+            args = _decode(request["args"], blobs)
+            kwargs = {k: _decode(v, blobs) for k, v in request["kwargs"].items()}
+            config = {k: _decode(v, blobs) for k, v in request["config"].items()}
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            device = next((t.device for t in tensors if t.device.type == "cuda"), None)
+            call = op.prepare(*args, **kwargs)
+            backend = op.backend(request["backend"])
+            fn = lambda: backend.run(call, config)  # noqa: E731
+            (op.timed(call, fn) if op.timed is not None else fn)()
+            if device is not None:
+                torch.cuda.synchronize(device)
+            reply: dict = {"ok": True}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which ranks it last
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        _write_message(stdout, reply, [])
+
+
+def warn_failed(what: str, reason: str) -> None:
+    warnings.warn(f"opselect: measuring {what} failed: its first run, in a separate process, "
+                  f"{reason}; it will not be chosen", RuntimeWarning, stacklevel=5)
+
+
+Replay = Callable[[Any], tuple[tuple, dict]]
+
+if __name__ == "__main__":
+    sys.exit(_serve())

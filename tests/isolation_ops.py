@@ -1,0 +1,67 @@
+"""A test-only op whose backends misbehave, for tests/test_isolation.py (imported by the test and
+by tuning's first-run process, which finds it through the op's prepare() module)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from opselect.dispatch import Backend, Estimate, TorchBackend
+from opselect.dispatch.device import device_info
+from opselect.dispatch.op import Call, Op, register
+
+NAME = "misbehaving_for_tests"
+
+
+class DoubleCall(Call):
+    __slots__ = ("x",)
+
+
+def prepare(x: torch.Tensor) -> DoubleCall:
+    call = DoubleCall()
+    call.x, call.info = x, device_info(x.device)
+    call.key = (x.device, x.dtype, tuple(x.shape))
+    return call
+
+
+class _Cheap(Backend):
+    uses_triton = False
+
+    def cost(self, call, model) -> Estimate:
+        return Estimate(1e-9)  # the model's favourite: only measuring can rank it
+
+
+class Aborts(_Cheap):
+    name = "aborts"
+
+    def run(self, call, config):
+        os.abort()
+
+
+class Raises(_Cheap):
+    name = "raises"
+
+    def run(self, call, config):
+        raise RuntimeError("this backend always fails")
+
+
+class Doubles(Backend):
+    name = "doubles"
+    uses_triton = False
+
+    def run(self, call, config):
+        return call.x + call.x
+
+    def cost(self, call, model) -> Estimate:
+        return Estimate(1e-3)
+
+
+def sample(shapes, dtype, options, device):
+    return (torch.randn(shapes[0], device=device).to(dtype),), {}
+
+
+OP = register(Op(NAME, prepare, [
+    TorchBackend(lambda call: call.x * 2, lambda call, model: Estimate(1e-3)),
+    Aborts(), Raises(), Doubles(),
+], sample=sample, replay=lambda call: ((call.x,), {})))

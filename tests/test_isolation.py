@@ -1,0 +1,69 @@
+"""Tuning survives a candidate that crashes the process: its first run happens in a separate
+process (opselect/dispatch/isolation.py), which dies instead of the user's."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import opselect
+from opselect.cli import main
+from opselect.dispatch import get_op, isolation
+
+import isolation_ops  # noqa: F401  - registers the misbehaving op
+
+
+@pytest.fixture(autouse=True)
+def _fresh_helper():
+    yield
+    isolation.shutdown()
+
+
+def test_a_crashing_candidate_is_ranked_last_and_the_process_lives():
+    op = get_op(isolation_ops.NAME)
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opselect.tuning():
+            y = op(x)
+    assert torch.equal(y, x * 2)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    aborted = [m for m in messages if "/aborts" in m]
+    raised = [m for m in messages if "/raises" in m]
+    assert len(aborted) == 1 and "SIGABRT" in aborted[0], messages
+    assert len(raised) == 1 and "always fails" in raised[0], messages
+    decision = opselect.explain(isolation_ops.NAME, x, show=False)
+    assert decision.choice in ("torch", "doubles")
+    assert decision.candidate("aborts").measured_s == float("inf")
+    # the next key reuses the helper process, which was started again after the crash
+    with opselect.tuning():
+        assert torch.equal(op(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_warm_of_a_crashing_candidate_exits_normally(capsys):
+    assert main(["warm", "--op", isolation_ops.NAME, "--shapes", "6"]) == 0
+    out = capsys.readouterr()
+    assert isolation_ops.NAME in out.out and "Traceback" not in out.err
+
+
+def test_isolation_off_runs_in_process(monkeypatch):
+    """OPSELECT_TUNE_ISOLATE=0: nothing is sent to a helper process."""
+    monkeypatch.setattr(isolation, "ENABLED", False)
+    op = get_op(isolation_ops.NAME)
+    assert isolation.first_runs(op, [("raises", {})], op.prepare(torch.ones(3))) == {}
+
+
+def test_tensors_travel_as_they_are():
+    """A strided view reaches the helper with its values (only the span it covers is sent)."""
+    base = torch.arange(60.0).reshape(6, 10)
+    view = base[1:5:2, ::3].t()
+    enc = isolation._Encoder()
+    spec = enc.encode(view)
+    back = isolation._decode(spec, enc.blobs)
+    assert torch.equal(back, view) and back.stride() == view.stride()
+    assert len(enc.blobs[0]) < base.numel() * base.element_size()
+    expanded = torch.tensor([1.0, 2.0]).expand(3, 2)
+    enc = isolation._Encoder()
+    assert torch.equal(isolation._decode(enc.encode(expanded), enc.blobs), expanded)
