@@ -77,7 +77,8 @@ EDGES = {
              for r, n, k in ((1, 2, 1), (1, 100, 1), (3, 7, 3), (1, 256, 131), (64, 300, 1),
                              (1, 1, 1), (1, 5000, 64))],
     "softmax": [([[r, n]], torch.float32, {}) for r, n in ((1, 1), (3, 1), (1, 7), (5, 3000))]
-               + [([[2, 3, 4]], torch.float32, {"dim": 1})],
+               + [([[2, 3, 4]], torch.float32, {"dim": 1}),
+                  ([[4, 100]], torch.bfloat16, {"out_dtype": "float64"})],
     "permute": [([[1, 3]], torch.float32, {"dims": [1, 0]}), ([[2, 1, 3]], torch.float32,
                                                                 {"dims": [2, 1, 0]})],
 }

@@ -118,6 +118,18 @@ def _merge(m, s, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _cast_for(v, ptr):
+    """v in the dtype `ptr` points to. float64 reaches bfloat16 through float32, as torch
+    converts (c10's BFloat16 is built from a float), and as Triton's interpreter needs (its
+    direct float64 -> bfloat16 conversion gives garbage: softmax(bf16 x, dtype=float64)'s
+    gradient was off by 0.25)."""
+    if v.dtype == tl.float64:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            v = v.to(tl.float32)
+    return v.to(ptr.dtype.element_ty)
+
+
+@triton.jit
 def _finish(x, big, total, LOG: tl.constexpr):
     """softmax = exp(x - max) / sum, log_softmax = (x - max) - log(sum). A row of -inf has
     max = -inf, so x - max is NaN there, as in torch."""
@@ -179,7 +191,7 @@ def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
         else:
             out = e * (1.0 / total)
         tl.store(y_ptr + (rows * sy_q * ALIGN)[:, None] + cols[None, :],
-                 out.to(y_ptr.dtype.element_ty), mask=mask)
+                 _cast_for(out, y_ptr), mask=mask)
 
 
 @triton.jit
@@ -207,7 +219,7 @@ def _online_fwd_kernel(x_ptr, y_ptr, n_q, sx_q, sy_q,
         offs = (n_chunks - 1 - i) * BLOCK_N + cols
         mask = offs < N
         x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
-        tl.store(y_row + offs, _finish(x, big, total, LOG).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + offs, _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
 
 
 @triton.jit
@@ -256,7 +268,7 @@ def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split
         offs = last - start + cols
         mask = offs < N
         x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
-        tl.store(y_row + offs, _finish(x, big, total, LOG).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + offs, _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
 
 
 @triton.jit
@@ -316,7 +328,7 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
             m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
                                            F64))
         row_max, row_sum = _merge(m, t, 0)
-    tl.store(y_row + offs, _finish(x, row_max, row_sum, LOG).to(y_ptr.dtype.element_ty),
+    tl.store(y_row + offs, _cast_for(_finish(x, row_max, row_sum, LOG), y_ptr),
              mask=mask)
 
 
@@ -354,7 +366,7 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
             out = z - tl.log(total)
         else:
             out = e * (1.0 / total)
-        tl.store(y_base + (r * inner)[:, None], out.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_base + (r * inner)[:, None], _cast_for(out, y_ptr), mask=mask)
     else:
         m = _acc(tl.full([BLOCK_N, BLOCK_I], float("-inf"), tl.float32), F64)
         s = _acc(tl.zeros([BLOCK_N, BLOCK_I], tl.float32), F64)
@@ -372,7 +384,7 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
             x = _acc(tl.load(x_base + (rr * sxn_q * ALIGN)[:, None], mask=mask,
                              other=float("-inf")), F64)
             tl.store(y_base + (rr * inner)[:, None],
-                     _finish(x, big, total, LOG).to(y_ptr.dtype.element_ty), mask=mask)
+                     _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,7 +428,7 @@ def _rows_bwd_kernel(y_ptr, g_ptr, dx_ptr, R, n_q, sg_q, tiles_per_program,
             else:
                 t = tl.sum(g * y, axis=1, keep_dims=True)
             tl.store(dx_ptr + y_off + cols[None, :],
-                     _grad(y, g, t, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
+                     _cast_for(_grad(y, g, t, LOG), dx_ptr), mask=mask)
         else:
             part = _acc(tl.zeros([BLOCK_R, BLOCK_N], tl.float32), F64)
             for start in range(0, N, BLOCK_N):
@@ -434,7 +446,7 @@ def _rows_bwd_kernel(y_ptr, g_ptr, dx_ptr, R, n_q, sg_q, tiles_per_program,
                 mask = rmask & (c < N)
                 y = _acc(tl.load(y_ptr + y_off + c, mask=mask, other=0.0), F64)
                 g = _acc(tl.load(g_ptr + g_off + c, mask=mask, other=0.0), F64)
-                tl.store(dx_ptr + y_off + c, _grad(y, g, t, LOG).to(dx_ptr.dtype.element_ty),
+                tl.store(dx_ptr + y_off + c, _cast_for(_grad(y, g, t, LOG), dx_ptr),
                          mask=mask)
 
 
@@ -477,7 +489,7 @@ def _split_bwd_apply_kernel(y_ptr, g_ptr, dx_ptr, t_ptr, n_q, sg_q, chunk, split
         mask = offs < N
         y = _acc(tl.load(y_ptr + row * n_q * ALIGN + offs, mask=mask, other=0.0), F64)
         g = _acc(tl.load(g_ptr + row * sg_q * ALIGN + offs, mask=mask, other=0.0), F64)
-        tl.store(dx_ptr + row * n_q * ALIGN + offs, _grad(y, g, t, LOG).to(dx_ptr.dtype.element_ty),
+        tl.store(dx_ptr + row * n_q * ALIGN + offs, _cast_for(_grad(y, g, t, LOG), dx_ptr),
                  mask=mask)
 
 
@@ -508,7 +520,7 @@ def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_
             t = tl.sum(g, axis=0, keep_dims=True)
         else:
             t = tl.sum(g * y, axis=0, keep_dims=True)
-        tl.store(dx_base + (r * inner)[:, None], _grad(y, g, t, LOG).to(dx_ptr.dtype.element_ty),
+        tl.store(dx_base + (r * inner)[:, None], _cast_for(_grad(y, g, t, LOG), dx_ptr),
                  mask=mask)
     else:
         part = _acc(tl.zeros([BLOCK_N, BLOCK_I], tl.float32), F64)
@@ -528,10 +540,10 @@ def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_
             y = _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), F64)
             g = _acc(tl.load(g_base + (rr * sgn_q * ALIGN)[:, None], mask=mask, other=0.0), F64)
             tl.store(dx_base + (rr * inner)[:, None],
-                     _grad(y, g, t, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
+                     _cast_for(_grad(y, g, t, LOG), dx_ptr), mask=mask)
 
 
-_HELPERS = (_acc, _online_step, _merge, _finish, _row_and_part)
+_HELPERS = (_acc, _online_step, _merge, _finish, _row_and_part, _cast_for)
 _BWD_KERNELS = (_grad, _rows_bwd_kernel, _split_bwd_sum_kernel, _split_bwd_apply_kernel,
                 _strided_bwd_kernel)
 
