@@ -26,6 +26,12 @@ class NotImplementedDType(UnsupportedDType, NotImplementedError):
     integers, isin of uint16 and float8, ...)."""
 
 
+class TorchOnlyCall(OpselectError, NotImplementedError):
+    """A call only torch's own op takes: a dtype opselect's kernels do not (quantized, uint16-64,
+    float8, ...). ops.* catch it and hand the call to torch untouched, which answers it or raises
+    its own error; it escapes only from code that prepares calls itself (warm, the CLI)."""
+
+
 class DimError(OpselectError, IndexError):
     """A dim out of range for the input's rank (torch raises IndexError)."""
 

@@ -46,11 +46,14 @@ import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from . import routing_state as _routing
+from . import transforms as _transforms
 from . import usage as _usage
 from .dispatch import op as _dispatch_op
 from .dispatch.op import Op
+from .errors import BackendError, TorchOnlyCall
 from .kernels import isin as _isin
 from .kernels import permute as _permute
 from .kernels import softmax as _softmax
@@ -131,13 +134,22 @@ def _run(op: Op, call, backend: Optional[str]):
 
 
 def _isin_kernel(elements, test_elements, assume_unique=False, invert=False, backend=None):
-    call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert)
+    try:
+        call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert)
+    except TorchOnlyCall:  # (placed with dynamic shapes; a dtype only torch's op takes)
+        return torch.isin(elements, _flat_test(test_elements), assume_unique=assume_unique,
+                          invert=invert)
     return _run(_isin.OP, call, backend)
 
 
 def _topk_kernel(input, k, dim=-1, largest=True, sorted=True, backend=None):
+    try:
+        call = _topk.prepare(input, int(k), dim, largest, sorted)
+    except TorchOnlyCall:  # (placed with dynamic shapes; a dtype only torch's op takes)
+        values, indices = torch.topk(input, int(k), dim, largest, sorted)
+        return values, indices
     # Each output a tensor of its own (the schema's outputs alias nothing).
-    values, indices = _run(_topk.OP, _topk.prepare(input, int(k), dim, largest, sorted), backend)
+    values, indices = _run(_topk.OP, call, backend)
     return values, indices
 
 
@@ -219,77 +231,237 @@ def _softmax_backward_fake(output, grad, dim, log, grad_dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# Autograd
+# Autograd (reverse and forward mode) and vmap
+#
+# Each op's Autograd kernel is an autograd.Function (as torch.library.register_autograd makes
+# one) that also has a jvp, so a dual tensor's tangent is carried, never dropped; its forward
+# runs the op below autograd. vmap rules fold the batch dim into the op's own input
+# (transforms.py has the same rules for the eager path).
 # ---------------------------------------------------------------------------------------------
-def _softmax_setup(ctx, inputs, output):
-    x, dim, dtype = inputs[0], inputs[1], inputs[2]
-    ctx.save_for_backward(output)
-    ctx.dim = dim % max(x.dim(), 1)
-    ctx.in_dtype = x.dtype
-    out_dtype = dtype if dtype is not None else x.dtype
-    # A widening cast is part of the kernels' load: dx comes out in the input's dtype. A
-    # narrowing one rounds the input first (as torch does): dx is the cast input's, then cast back.
-    ctx.grad_dtype = x.dtype if (x.dtype, out_dtype) in _softmax._WIDENING else out_dtype
+_BelowAutograd = torch._C._AutoDispatchBelowAutograd
+_any_requires_grad = torch._C._any_requires_grad
 
 
-def _softmax_grad(log: bool):
+def _apply(fn: type, *args):
+    """fn.apply as the op's Autograd kernel. torch.func's grad / jvp transforms cannot run a
+    custom op's autograd.Function from there (register_autograd's ops fail the same way), so
+    they get a clear error naming the eager op, which supports them (transforms.py)."""
+    if _functorch_active():
+        raise NotImplementedError(
+            f"torch.ops.opselect.{fn.op_name}: torch.func's grad / jvp / jacrev transforms do "
+            f"not reach a custom op's autograd; call opselect.ops.{fn.op_name} (which supports "
+            "them) instead. Forward-mode AD (torch.autograd.forward_ad), autograd and vmap work "
+            "here.")
+    return super(torch.autograd.Function, fn).apply(*args)
+
+
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _differentiated(*tensors) -> bool:
+    """Autograd records this call (reverse mode), or a forward-AD tangent rides on an input."""
+    if torch.is_grad_enabled() and _any_requires_grad(*tensors):
+        return True
+    if _fwad._current_level < 0:
+        return False
+    return any(_fwad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+class _SoftmaxAutograd(torch.autograd.Function):
+    op_name = "softmax"
+    @staticmethod
+    def forward(x, dim, dtype, backend, log):
+        with _BelowAutograd():
+            return (_ops.log_softmax if log else _ops.softmax)(x, dim, dtype, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dim, dtype, _, log = inputs
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.dim, ctx.log = dim % max(x.dim(), 1), log
+        ctx.in_dtype = x.dtype
+        out_dtype = dtype if dtype is not None else x.dtype
+        # A widening cast is part of the kernels' load: dx comes out in the input's dtype. A
+        # narrowing one rounds the input first (as torch does): dx is the cast input's, then
+        # cast back.
+        ctx.grad_dtype = x.dtype if (x.dtype, out_dtype) in _softmax._WIDENING else out_dtype
+
+    @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # A graph of the backward is wanted (double backward): differentiable torch ops.
-            d = ctx.dim if y.dim() else None
-            if log:
-                dx = g - torch.exp(y) * (g.sum(d, keepdim=True) if d is not None else g)
-            else:
-                dx = y * (g - ((g * y).sum(d, keepdim=True) if d is not None else g * y))
-            dx = dx.to(ctx.grad_dtype)
+        if torch.is_grad_enabled() or _softmax.kernels_cannot_read(g):
+            # A graph of the backward is wanted (double backward), or g is batched (vmap over
+            # the backward): differentiable torch ops.
+            dx = _transforms.softmax_vjp(y, g.to(y.dtype), ctx.dim, ctx.log).to(ctx.grad_dtype)
         else:
-            dx = _ops.softmax_backward(y, g, ctx.dim, log, ctx.grad_dtype)
+            dx = _ops.softmax_backward(y, g, ctx.dim, ctx.log, ctx.grad_dtype)
         if dx.dtype != ctx.in_dtype:
             dx = dx.to(ctx.in_dtype)
-        return dx, None, None, None
+        return dx, None, None, None, None
 
-    return backward
-
-
-torch.library.register_autograd("opselect::softmax", _softmax_grad(False),
-                                setup_context=_softmax_setup, lib=LIB)
-torch.library.register_autograd("opselect::log_softmax", _softmax_grad(True),
-                                setup_context=_softmax_setup, lib=LIB)
+    @staticmethod
+    def jvp(ctx, t, *_):
+        (y,) = ctx.saved_tensors
+        return _transforms.softmax_tangent(y, t.to(y.dtype), ctx.dim, ctx.log)
 
 
-def _topk_setup(ctx, inputs, output):
-    x, dim = inputs[0], inputs[2]
-    ctx.save_for_backward(output[1])
-    ctx.shape, ctx.dim = x.shape, dim % max(x.dim(), 1)
+def _softmax_autograd(log: bool):
+    kernel = _ops.log_softmax if log else _ops.softmax
+
+    def autograd(input, dim, dtype=None, backend=None):
+        if _differentiated(input):
+            return _apply(_SoftmaxAutograd, input, dim, dtype, backend, log)
+        with _BelowAutograd():
+            return kernel(input, dim, dtype, backend)
+
+    return autograd
 
 
-def _topk_backward(ctx, g_values, g_indices):
-    (indices,) = ctx.saved_tensors
-    if not ctx.shape:
-        return g_values.clone(), None, None, None, None, None
-    # Each selected position gets its value's gradient (the indices of one row are distinct).
-    dx = g_values.new_zeros(ctx.shape).scatter(ctx.dim, indices, g_values)
-    return dx, None, None, None, None, None
+class _TopkAutograd(torch.autograd.Function):
+    op_name = "topk"
+    @staticmethod
+    def forward(x, k, dim, largest, sorted_, backend):
+        with _BelowAutograd():
+            return _ops.topk(x, k, dim, largest, sorted_, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dim = inputs[0], inputs[2]
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+        ctx.save_for_forward(output[1])
+        ctx.shape, ctx.dim = x.shape, dim % max(x.dim(), 1)
+
+    @staticmethod
+    def backward(ctx, g_values, _g_indices):
+        (indices,) = ctx.saved_tensors
+        dx = _transforms.topk_vjp(g_values, indices, ctx.shape, ctx.dim)
+        return dx, None, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        (indices,) = ctx.saved_tensors
+        return _transforms.topk_tangent(t, indices, ctx.dim), None
 
 
-torch.library.register_autograd("opselect::topk", _topk_backward, setup_context=_topk_setup,
-                                lib=LIB)
+def _topk_autograd(input, k, dim=-1, largest=True, sorted=True, backend=None):
+    if _differentiated(input):
+        return _apply(_TopkAutograd, input, k, dim, largest, sorted, backend)
+    with _BelowAutograd():
+        return _ops.topk(input, k, dim, largest, sorted, backend)
 
 
-def _permute_setup(ctx, inputs, output):
-    ctx.dims = list(inputs[1])
+class _PermuteAutograd(torch.autograd.Function):
+    op_name = "permute"
+    @staticmethod
+    def forward(x, dims, backend):
+        with _BelowAutograd():
+            return _ops.permute(x, dims, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dims = list(inputs[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.permute(_transforms.inverse(ctx.dims)), None, None
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        return t.permute(ctx.dims)
 
 
-def _permute_backward(ctx, g):
-    inverse = [0] * len(ctx.dims)
-    for i, d in enumerate(ctx.dims):
-        inverse[d] = i
-    return g.permute(inverse), None, None
+def _permute_autograd(input, dims, backend=None):
+    if _differentiated(input):
+        return _apply(_PermuteAutograd, input, dims, backend)
+    with _BelowAutograd():
+        return _ops.permute(input, dims, backend)
 
 
-torch.library.register_autograd("opselect::permute", _permute_backward,
-                                setup_context=_permute_setup, lib=LIB)
+for _name, _fn in (("softmax", _softmax_autograd(False)), ("log_softmax", _softmax_autograd(True)),
+                   ("topk", _topk_autograd), ("permute", _permute_autograd)):
+    LIB.impl(_name, _fn, "Autograd")
+
+
+def _first(x: torch.Tensor, bdim) -> torch.Tensor:
+    return x if bdim in (None, 0) else x.movedim(bdim, 0)
+
+
+def _softmax_vmap(log: bool):
+    kernel = _ops.log_softmax if log else _ops.softmax
+
+    def vmap(info, in_dims, input, dim, dtype=None, backend=None):
+        if in_dims[0] is None:
+            return kernel(input, dim, dtype, backend), None
+        x = _first(input, in_dims[0])
+        rank = x.dim() - 1
+        if rank == 0:  # each element its own row
+            return kernel(x.unsqueeze(1), 1, dtype, backend).squeeze(1), 0
+        d = _wrap(dim, rank, "log_softmax" if log else "softmax")
+        return _transforms.batched(lambda: kernel(x, d + 1, dtype, backend),
+                                   lambda b: kernel(x[b].contiguous(), d, dtype, backend), x.shape[0]), 0
+
+    return vmap
+
+
+def _topk_vmap(info, in_dims, input, k, dim=-1, largest=True, sorted=True, backend=None):
+    if in_dims[0] is None:
+        return _ops.topk(input, k, dim, largest, sorted, backend), (None, None)
+    x = _first(input, in_dims[0])
+    if x.dim() == 1:  # a 0-d input per batch: each answered as torch answers a 0-d topk
+        _wrap(dim, 0, "topk")
+        rows = [_ops.topk(x[b], k, dim, largest, sorted, backend) for b in range(x.shape[0])]
+        if not rows:
+            return (x.clone(), torch.zeros(x.shape, dtype=torch.int64, device=x.device)), (0, 0)
+        return (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])), (0, 0)
+    d = _wrap(dim, x.dim() - 1, "topk")
+    return _transforms.batched(lambda: _ops.topk(x, k, d + 1, largest, sorted, backend),
+                               lambda b: _ops.topk(x[b].contiguous(), k, d, largest, sorted, backend),
+                               x.shape[0]), (0, 0)
+
+
+def _permute_vmap(info, in_dims, input, dims, backend=None):
+    if in_dims[0] is None:
+        return _ops.permute(input, dims, backend), None
+    x = _first(input, in_dims[0])
+    rank = x.dim() - 1
+    wrapped = [_wrap(d, rank, "permute") for d in dims]
+    return _transforms.batched(lambda: _ops.permute(x, [0, *(d + 1 for d in wrapped)], backend),
+                               lambda b: _ops.permute(x[b].contiguous(), wrapped, backend), x.shape[0]), 0
+
+
+def _isin_vmap(info, in_dims, elements, test_elements, assume_unique=False, invert=False,
+               backend=None):
+    e_dim, t_dim = in_dims[0], in_dims[1]
+    if t_dim is None:
+        out = _ops.isin(_first(elements, e_dim), test_elements, assume_unique, invert, backend)
+        return out, (None if e_dim is None else 0)
+    # A test set per batch: each batch's elements against its own test set.
+    test = _first(test_elements, t_dim)
+    batch = test.shape[0]
+    e = (elements.expand(batch, *elements.shape) if e_dim is None
+         else _first(elements, e_dim))
+    rows = [_ops.isin(e[b], test[b], assume_unique, invert, backend) for b in range(batch)]
+    if not rows:
+        return torch.empty(e.shape, dtype=torch.bool, device=e.device), 0
+    return torch.stack(rows), 0
+
+
+def _softmax_backward_vmap(info, in_dims, output, grad, dim, log, grad_dtype):
+    y_dim, g_dim = in_dims[0], in_dims[1]
+    y = _first(output, y_dim) if y_dim is not None else output.expand(info.batch_size,
+                                                                      *output.shape)
+    g = _first(grad, g_dim) if g_dim is not None else grad.expand(info.batch_size, *grad.shape)
+    if y.dim() == 1:  # 0-d rows: the gradient is 0
+        return torch.zeros(y.shape, dtype=grad_dtype, device=y.device), 0
+    return _ops.softmax_backward(y.contiguous(), g, dim + 1, log, grad_dtype), 0
+
+
+for _name, _fn in (("softmax", _softmax_vmap(False)), ("log_softmax", _softmax_vmap(True)),
+                   ("topk", _topk_vmap), ("permute", _permute_vmap), ("isin", _isin_vmap),
+                   ("softmax_backward", _softmax_backward_vmap)):
+    torch.library.register_vmap(f"opselect::{_name}", _fn, lib=LIB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +488,14 @@ def _placed(op: Op, backend: Optional[str], shapes: Sequence[Any],
     falls back to ATen (the dispatcher's choice decides alone)."""
     if backend is not None and backend != "auto":
         if make_call is not None and not _symbolic(*shapes):
-            op._force(make_call(), backend)  # refused here, at trace time, as in eager mode
+            try:
+                call = make_call()
+            except TorchOnlyCall as why:
+                if op.backend(backend).name != "torch":
+                    raise BackendError(f"{op.name}: backend {backend!r} cannot take this call "
+                                       f"({why}); only the torch backend can") from None
+            else:
+                op._force(call, backend)  # refused here, at trace time, as in eager mode
         else:
             op.backend(backend)  # an unknown name fails here, naming the valid ones
         placed = backend != "torch"
@@ -332,8 +511,11 @@ def _placed(op: Op, backend: Optional[str], shapes: Sequence[Any],
         elif make_call is None:
             placed = True
         else:
-            call = make_call()  # the op's argument errors are raised here, at trace time
-            if not call.info.runs_triton:
+            try:
+                call = make_call()  # the op's argument errors are raised here, at trace time
+            except TorchOnlyCall:
+                call = None  # a dtype only torch's op takes
+            if call is None or not call.info.runs_triton:
                 placed = False
             else:
                 choice = op.chosen(call)

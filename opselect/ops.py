@@ -6,7 +6,10 @@
 Every op accepts what its torch namesake accepts and returns what it returns. Each function calls
 its op's prepare() and then Op.run() directly: the memo-hit path stays a few microseconds. While
 torch.compile traces a function (torch.compiler.is_compiling()), they call the torch.library ops
-instead (opselect/library.py), which the graph keeps.
+instead (opselect/library.py), which the graph keeps. While a function transform watches a call
+(forward-mode AD, torch.func's vmap / jvp / grad), they go through opselect/transforms.py. A call
+whose dtype opselect's kernels do not take (quantized, uint16-64, float8, ...) goes to torch's own
+op untouched.
 """
 
 from __future__ import annotations
@@ -14,13 +17,29 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch.compiler import is_compiling as _compiling
 
 from . import library as _library
+from . import transforms as _transforms
+from .dispatch.op import Op
+from .errors import BackendError, TorchOnlyCall
 from .kernels import isin as _isin
 from .kernels import permute as _permute
 from .kernels import softmax as _softmax
 from .kernels import topk as _topk
+
+
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _torch_answers(op: Op, backend: Optional[str], why: TorchOnlyCall, answer):
+    """A call only torch's op takes: torch's answer (or torch's own error). A forced Triton
+    backend is refused, naming why."""
+    if backend is not None and backend != "auto" and op.backend(backend).name != "torch":
+        raise BackendError(f"{op.name}: backend {backend!r} cannot take this call ({why}); "
+                           "only the torch backend can") from None
+    return answer()
 
 
 def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool = False,
@@ -32,8 +51,16 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
     Backends: torch, compare, search, hash, bitmap (see opselect.kernels.isin)."""
     if _compiling():
         return _library.isin(elements, test_elements, assume_unique, invert, out, backend)
-    call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert,
-                         out=out)
+    if (_functorch_active() or _fwad._current_level >= 0) and out is None and \
+            _transforms.watched(elements, test_elements):
+        return _transforms.isin(elements, test_elements, assume_unique, invert, backend)
+    try:
+        call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert,
+                             out=out)
+    except TorchOnlyCall as why:
+        return _torch_answers(_isin.OP, backend, why, lambda: torch.isin(
+            elements, test_elements, assume_unique=assume_unique, invert=invert,
+            **({} if out is None else {"out": out})))
     return _isin.OP.run(call, backend)
 
 
@@ -45,7 +72,14 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
     Backends: torch, radix, tournament, maxima, sort, bitonic (see opselect.kernels.topk)."""
     if _compiling():
         return _library.topk(input, k, dim, largest, sorted, backend)
-    return _topk.OP.run(_topk.prepare(input, k, dim, largest, sorted), backend)
+    if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
+        return _transforms.topk(input, k, dim, largest, sorted, backend)
+    try:
+        call = _topk.prepare(input, k, dim, largest, sorted)
+    except TorchOnlyCall as why:
+        return _torch_answers(_topk.OP, backend, why,
+                              lambda: torch.topk(input, k, dim, largest, sorted))
+    return _topk.OP.run(call, backend)
 
 
 def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Tensor] = None,
@@ -55,18 +89,27 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
     Backends: torch, naive, tiled, vectorized (see opselect.kernels.permute)."""
     if _compiling():
         return _library.permute(input, dims, out, backend)
-    return _permute.OP.run(_permute.prepare(input, dims, out=out), backend)
+    if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
+        return _transforms.permute(input, dims, out, backend)
+    if out is not None:
+        # As torch's permute_copy(out=): never recorded by autograd, and refused while out
+        # itself requires grad.
+        if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("permute: functions with out=... arguments don't support "
+                               "automatic differentiation, but out requires grad (as torch's "
+                               "permute_copy)")
+        with torch.no_grad():
+            return _permute.OP.run(_permute.prepare(input, dims, out=out), backend)
+    if isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled():
+        # Autograd through any backend (the kernels' own calls record none).
+        return _transforms.permute(input, dims, out, backend)
+    return _permute.OP.run(_permute.prepare(input, dims), backend)
 
 
 def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,
               backend: Optional[str] = None) -> torch.Tensor:
     """input.transpose(dim0, dim1).contiguous(): permute() with two dims swapped."""
-    if _compiling():
-        dims = list(range(input.dim()))
-        if dims:
-            dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
-        return _library.permute(input, dims, out, backend)
-    return _permute.transpose(input, dim0, dim1, out=out, backend=backend)
+    return permute(input, _permute.transpose_dims(input, dim0, dim1), out=out, backend=backend)
 
 
 def softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None,
@@ -75,7 +118,14 @@ def softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] 
     autograd. Backends: torch, fused, online, multirow, strided (see opselect.kernels.softmax)."""
     if _compiling():
         return _library.softmax(input, dim, dtype, backend)
-    return _softmax.SOFTMAX_OP.run(_softmax.prepare_softmax(input, dim, dtype=dtype), backend)
+    if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
+        return _transforms.softmax(input, dim, False, dtype, backend)
+    try:
+        call = _softmax.prepare_softmax(input, dim, dtype=dtype)
+    except TorchOnlyCall as why:
+        return _torch_answers(_softmax.SOFTMAX_OP, backend, why,
+                              lambda: torch.softmax(input, dim, dtype=dtype))
+    return _softmax.SOFTMAX_OP.run(call, backend)
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None,
@@ -83,8 +133,14 @@ def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dty
     """torch.log_softmax, with the same backends and rules as softmax()."""
     if _compiling():
         return _library.log_softmax(input, dim, dtype, backend)
-    return _softmax.LOG_SOFTMAX_OP.run(_softmax.prepare_log_softmax(input, dim, dtype=dtype),
-                                       backend)
+    if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
+        return _transforms.softmax(input, dim, True, dtype, backend)
+    try:
+        call = _softmax.prepare_log_softmax(input, dim, dtype=dtype)
+    except TorchOnlyCall as why:
+        return _torch_answers(_softmax.LOG_SOFTMAX_OP, backend, why,
+                              lambda: torch.log_softmax(input, dim, dtype=dtype))
+    return _softmax.LOG_SOFTMAX_OP.run(call, backend)
 
 
 __all__ = ["isin", "log_softmax", "permute", "softmax", "topk", "transpose"]

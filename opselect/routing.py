@@ -57,6 +57,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 import torch
 import torch.nn.functional as F
 from torch._subclasses.functional_tensor import FunctionalTensor
+import torch.autograd.forward_ad as _fwad
 from torch.compiler import is_compiling as _compiling
 
 from . import library as _library
@@ -75,6 +76,7 @@ PASS = NotImplemented
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _thread = _state._local
+_functorch_active = torch._C._are_functorch_transforms_active
 _HERE = __file__
 
 
@@ -343,6 +345,10 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) 
     def routed(*args, **kwargs):
         router = getattr(_thread, "router", None)
         if router is None or op not in router.ops:
+            return original(*args, **kwargs)
+        if not _compiling() and (_functorch_active() or _fwad._current_level >= 0):
+            # A function transform (forward-mode AD, torch.func) is watching: torch's op takes
+            # the call with every rule the transform needs.
             return original(*args, **kwargs)
         result = handler(router, args, kwargs)
         if result is not PASS:

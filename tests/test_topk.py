@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from opselect import ops
 from opselect.dispatch.device import DeviceInfo
-from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
+from opselect.errors import BackendError, InvalidArgument
 from opselect.heuristics.device_model import defaults_for
 from opselect.kernels import topk as K
 
@@ -593,7 +593,7 @@ def test_error_messages_name_the_argument():
         ops.topk(torch.randn(4), 5)
     with pytest.raises(K.DimError, match=r"dim 2 is out of range.*\[-2, 1\]"):
         ops.topk(torch.randn(4, 3), 1, dim=2)
-    with pytest.raises(UnsupportedDType, match="bool"):
+    with pytest.raises(RuntimeError, match="bool"):  # torch's own error
         ops.topk(torch.ones(3, dtype=torch.bool), 1)
     with pytest.raises(TypeError, match="largest must be a bool"):
         ops.topk(torch.randn(3), 1, largest="yes")

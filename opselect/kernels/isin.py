@@ -35,7 +35,7 @@ from ..dispatch.backend import Backend, Estimate, TorchBackend
 from ..dispatch.device import device_info
 from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
-from ..errors import InvalidArgument, NotImplementedDType, UnsupportedDType
+from ..errors import InvalidArgument, TorchOnlyCall, UnsupportedDType
 from ..heuristics import isin as cost
 from ._common import FLOAT_DTYPES, Launcher, cdiv, flat, needs_int64, next_pow2
 
@@ -471,6 +471,8 @@ def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
         if bad:
             raise UnsupportedDType(f"isin: {name} is {what}; torch.isin takes integers and "
                                    "floats, not bool or complex")
+    if (e_is_t and elements.is_quantized) or (t_is_t and test_elements.is_quantized):
+        raise TorchOnlyCall("isin: a quantized argument; opselect's kernels take plain tensors")
     if e_is_t and t_is_t:
         dtype = elements.dtype
         if test_elements.dtype is not dtype:
@@ -491,13 +493,10 @@ def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
         raise InvalidArgument("isin: at least one of elements and test_elements must be a tensor "
                               f"(got {type(elements).__name__} and {type(test_elements).__name__})")
     if dtype not in _SUPPORTED:
-        bad = "elements" if elements.dtype not in _SUPPORTED else "test_elements"
-        # (bool and complex are refused above; what is left, uint16-64 and float8, torch has no
-        # isin kernel for: NotImplementedError)
-        raise NotImplementedDType(
-            f"isin: {bad} has dtype {elements.dtype if bad == 'elements' else test_elements.dtype} "
-            f"(promoted: {dtype}); expected one of "
-            f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)} as torch.isin does")
+        # uint16-64, float8, ...: torch answers (on devices with a kernel) or raises its own
+        # NotImplementedError.
+        raise TorchOnlyCall(f"isin: the promoted dtype is {dtype}; opselect's kernels take "
+                            f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)}")
     if elements.dtype is not dtype:
         elements = elements.to(dtype)
     if test_elements.dtype is not dtype:

@@ -465,7 +465,7 @@ class PermuteCall(Call):
         return self.esize // self.unit
 
 
-def _wrap_dims(dims, ndim: int) -> tuple[int, ...]:
+def wrap_dims(dims, ndim: int) -> tuple[int, ...]:
     """dims wrapped into [0, ndim), with torch's checks and order of checks (length, range,
     repeats). The loop is the hot path: plain ints, one pass, a bit set for repeats."""
     if type(dims) in (tuple, list) and len(dims) == ndim:
@@ -538,7 +538,7 @@ def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
         raise InvalidArgument(f"permute: input has layout {input.layout}; expected a strided "
                               "tensor (a contiguous result needs one)")
     shape = input.shape
-    dims = _wrap_dims(dims, len(shape))
+    dims = wrap_dims(dims, len(shape))
     if out is not None:
         _check_out(out, input, tuple([shape[d] for d in dims]))
     call = PermuteCall()
@@ -642,9 +642,8 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
-def transpose(input, dim0, dim1, *, out: torch.Tensor | None = None,
-              backend: str | None = None) -> torch.Tensor:
-    """input.transpose(dim0, dim1).contiguous(): permute() with two dims swapped."""
+def transpose_dims(input, dim0, dim1) -> list[int]:
+    """The permutation of input.transpose(dim0, dim1), with torch's argument rules."""
     if not isinstance(input, torch.Tensor):
         raise ArgumentTypeError(f"transpose: input must be a tensor, got {type(input).__name__}")
     ndim = input.dim()
@@ -663,7 +662,13 @@ def transpose(input, dim0, dim1, *, out: torch.Tensor | None = None,
     if ndim:
         a, b = wrapped
         dims[a], dims[b] = dims[b], dims[a]
-    return OP(input, dims, out=out, backend=backend)
+    return dims
+
+
+def transpose(input, dim0, dim1, *, out: torch.Tensor | None = None,
+              backend: str | None = None) -> torch.Tensor:
+    """input.transpose(dim0, dim1).contiguous(): permute() with two dims swapped."""
+    return OP(input, transpose_dims(input, dim0, dim1), out=out, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,8 +63,8 @@ from ..dispatch.backend import Backend, Estimate, TorchBackend
 from ..dispatch.device import device_info
 from ..dispatch.op import Call, Op, register
 from ..dispatch.signature import bucket
-from ..errors import (ArgumentTypeError, DimError, InvalidArgument, NotImplementedDType,
-                      OpselectError, UnsupportedDType)
+from ..errors import (ArgumentTypeError, DimError, InvalidArgument, OpselectError,
+                      TorchOnlyCall)
 from ..heuristics import topk as cost
 from ._common import Launcher, cdiv, next_pow2
 
@@ -1232,13 +1232,10 @@ def _prepare(input, k, dim, largest, sorted) -> TopkCall:
     sorted = _bool_arg(sorted, "sorted")
     dtype = input.dtype
     if dtype not in SUPPORTED_DTYPES:
-        if dtype in (torch.uint16, torch.uint32, torch.uint64) or dtype.is_floating_point:
-            raise NotImplementedDType(f"topk: input has dtype {dtype}, which torch.topk has no "
-                                      "kernel for; expected one of "
-                                      f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)}")
-        raise UnsupportedDType(f"topk: input has dtype {dtype}; expected one of "
-                               f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)} "
-                               "(torch.topk rejects bool and complex)")
+        # Quantized, bool, complex, uint16-64, float8: torch's op answers (some on some devices
+        # only) or raises its own error.
+        raise TorchOnlyCall(f"topk: input has dtype {dtype}; opselect's kernels take "
+                            f"{', '.join(str(d)[6:] for d in SUPPORTED_DTYPES)}")
     shape = tuple(input.shape)
     nd = len(shape)
     span = max(nd, 1)
