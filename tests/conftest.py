@@ -24,6 +24,17 @@ from opselect.dispatch.device import INTERPRETED  # noqa: E402
 from opselect.tune_cache import reset as reset_cache  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-examples", type=int, default=None,
+                     help="examples per test in tests/test_fuzz.py (a long local run: 2000)")
+
+
+def pytest_configure(config):
+    n = config.getoption("--fuzz-examples")
+    if n:
+        os.environ["OPSELECT_FUZZ_EXAMPLES"] = str(n)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
