@@ -86,7 +86,13 @@ def _takes(x: Any) -> bool:
     Tensor method call that Dynamo left in its graph), not one made by torch's own
     decompositions (torch._decomp's matmul reshapes its operands, for instance)."""
     kind = type(x)
-    return kind in _PLAIN or (kind is FunctionalTensor and _compiling() and _graph_call())
+    return kind in _PLAIN or (kind is FunctionalTensor and _graph_call())
+
+
+def _tracing(x: Any) -> bool:
+    """A traced call: Dynamo is tracing, or AOTAutograd is (x is one of its functional tensors;
+    torch 2.11's torch.compiler.is_compiling() is False there, 2.13's True)."""
+    return _compiling() or type(x) is FunctionalTensor
 
 
 def _graph_call() -> bool:
@@ -147,7 +153,7 @@ def _isin_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
             or elements.device != test.device):
         return PASS
     backend = router.backends.get("isin")
-    if _compiling():
+    if _tracing(elements):
         return _library.isin(elements, test, assume_unique, invert, None, backend)
     return _counted(_isin.OP, _isin.prepare, backend, elements, test,
                     assume_unique=assume_unique, invert=invert)
@@ -169,7 +175,7 @@ def _topk_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
             or not isinstance(k, (int, torch.SymInt)) or isinstance(k, bool)):
         return PASS
     backend = router.backends.get("topk")
-    if _compiling():
+    if _tracing(x):
         return _library.topk(x, k, dim, largest, sorted_, backend)
     return _counted(_topk.OP, _topk.prepare, backend, x, k, dim, largest, sorted_)
 
@@ -194,7 +200,7 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
                 or (dtype if dtype is not None else x.dtype) not in _FLOATS):
             return PASS  # an implicit or named dim, an integer input, a subclass: torch's
         backend = router.backends.get(name)
-        if _compiling():
+        if _tracing(x):
             return compiled(x, dim, dtype, backend)
         return _counted(op, prepare, backend, x, dim, dtype=dtype)
 
@@ -215,7 +221,7 @@ def _dense_permuted(x: torch.Tensor) -> bool:
 def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
     dims = list(range(x.dim()))
     backend = router.backends.get("permute")
-    if _compiling():
+    if _tracing(x):
         return _library.permute(x, dims, None, backend)
     return _counted(_permute.OP, _permute.prepare, backend, x, dims)
 
@@ -232,7 +238,7 @@ def _plain_view(x: Any) -> bool:
     common case, an already contiguous tensor, is answered after two checks."""
     if not _takes(x) or x.layout != torch.strided:
         return False
-    if _compiling() and _library._symbolic(x):
+    if _tracing(x) and _library._symbolic(x):
         return False  # a symbolic size: torch's op (guarding a layout would specialize it)
     return not x.is_contiguous() and _dense_permuted(x)
 
@@ -346,7 +352,8 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) 
         router = getattr(_thread, "router", None)
         if router is None or op not in router.ops:
             return original(*args, **kwargs)
-        if not _compiling() and (_functorch_active() or _fwad._current_level >= 0):
+        if (not _compiling() and (_functorch_active() or _fwad._current_level >= 0)
+                and not (args and type(args[0]) is FunctionalTensor)):
             # A function transform (forward-mode AD, torch.func) is watching: torch's op takes
             # the call with every rule the transform needs.
             return original(*args, **kwargs)
