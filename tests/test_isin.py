@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import opselect
 from opselect import ops
+from opselect.dispatch.device import INTERPRETED
 from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
 from opselect.kernels import isin as isin_mod
 
@@ -242,6 +243,46 @@ def test_runs_on_cpu_without_interpreter(monkeypatch):
     assert opselect.explain("isin", a, b, show=False).source == "memo"
     with pytest.raises(BackendError, match="TRITON_INTERPRET=1.*Backends that can: torch"):
         ops.isin(a, b, backend="hash")
+
+
+def test_python_float_keeps_double_precision(cpu_triton):
+    """A Python float is a double: a float64 subnormal (or a value float32 cannot hold) stays
+    itself (it was made a float32 tensor first, which flushed 5.6e-309 to 0.0 and matched
+    -0.0; tests/test_fuzz.py found it on the GPU)."""
+    x = torch.tensor([-0.0, 0.0, 5.562684646268003e-309, 1.0, 1.0 + 2**-40], dtype=torch.float64)
+    for value in (5.562684646268003e-309, 1.0 + 2**-40, 1e300):
+        want = torch.isin(x, value)
+        for b in (None, "torch", "compare", "search", "hash"):
+            assert torch.equal(ops.isin(x, value, backend=b), want), (value, b)
+            assert torch.equal(ops.isin(value, x, backend=b), torch.isin(value, x)), (value, b)
+
+
+def _promotion_cases(dev):
+    """(name, elements, test) where a 0-d tensor or a Python number meets another dtype: torch
+    promotes these differently on the CPU (result_type: a 0-d tensor defers) and on CUDA (both
+    tensors flattened first); opselect answers as torch does on the same device."""
+    off = (torch.tensor(1.541015625) + 1e-4).to(dev)
+    yield "f16 vs 0-d f32", torch.full((20,), 1.541015625, dtype=torch.float16, device=dev), off
+    yield "0-d f32 vs f16", off, torch.tensor([1.541015625], dtype=torch.float16, device=dev)
+    yield "i32 vs 0-d i64", torch.tensor([5], dtype=torch.int32, device=dev), \
+        torch.tensor(2**33 + 5, device=dev)
+    yield "u8 vs 0-d i8", torch.tensor([255, 1], dtype=torch.uint8, device=dev), \
+        torch.tensor(-1, dtype=torch.int8, device=dev)
+    yield "f16 vs python float", torch.tensor([1.0], dtype=torch.float16, device=dev), 1.0001
+    yield "i8 vs python int", torch.tensor([44], dtype=torch.int8, device=dev), 300
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_promotion_as_torch_on_the_device(dev):
+    if dev == "cpu":
+        if not INTERPRETED:
+            pytest.skip("interpreter run")
+    elif not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    for name, e, t in _promotion_cases(dev):
+        want = torch.isin(e, t)
+        for b in (None, "torch", "compare", "search", "hash"):
+            assert torch.equal(ops.isin(e, t, backend=b), want), (name, b)
 
 
 def test_bad_inputs():

@@ -426,8 +426,11 @@ def _as_tensor(value, name: str, dtype: torch.dtype, device: torch.device) -> to
     if not isinstance(value, (int, float)):
         raise InvalidArgument(f"isin: {name} must be a tensor or a Python number, "
                               f"got {type(value).__name__}")
-    # torch casts a Python number to the promoted dtype with wrap-around (300 -> int8 44).
-    return torch.tensor(value, device=device).to(dtype)
+    # torch casts a Python number to the promoted dtype with wrap-around (300 -> int8 44). A
+    # float is a double: made in float64 first (torch.tensor's default, float32, flushed the
+    # float64 subnormal 5.6e-309 to 0.0, which then matched -0.0; found by tests/test_fuzz.py).
+    wide = torch.float64 if isinstance(value, float) else torch.int64
+    return torch.tensor(value, dtype=wide, device=device).to(dtype)
 
 
 def prepare(elements, test_elements, *, assume_unique: bool = False, invert: bool = False,
@@ -476,7 +479,15 @@ def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
     if e_is_t and t_is_t:
         dtype = elements.dtype
         if test_elements.dtype is not dtype:
-            dtype = torch.result_type(elements, test_elements)
+            if elements.device.type == "cuda":
+                # torch's CUDA isin flattens both tensors before comparing: a 0-d tensor
+                # promotes as a dimensioned one (float16 elements against a 0-d float32 test
+                # value compare in float32). Its CPU kernels take result_type, where a 0-d
+                # tensor defers to a dimensioned one of its category (they compare in float16).
+                # Measured with torch 2.11 (scratch probe, H200) and 2.13 (CPU).
+                dtype = torch.promote_types(elements.dtype, test_elements.dtype)
+            else:
+                dtype = torch.result_type(elements, test_elements)
         if elements.device != test_elements.device:
             elements, test_elements = _same_device(elements, test_elements)
     elif e_is_t or t_is_t:
