@@ -6,6 +6,8 @@ the fastest for every call from its shape, dtype and device.
     ops.isin(a, b, backend="hash")       # forced
     opselect.explain("isin", a, b)       # why that choice
     with opselect.tuning(): ...          # measure unseen shapes on the spot
+    opselect.freeze()                    # never measure: the cache and the model only
+    opselect.on_decision(print)          # see each new decision (also: logger "opselect")
     opselect.enable()                    # a program's own torch calls through opselect
     torch.compile(fn)                    # ops.* and routed calls stay in the graph (library.py)
 """
@@ -17,6 +19,7 @@ from typing import Any
 from . import ops
 from ._version import __version__
 from .dispatch import Decision, get_op, tuning
+from .observe import freeze, frozen, on_decision, record, stop_recording
 from .routing import disable, enable, enabled, is_enabled
 from .usage import reset_stats, stats
 
@@ -43,4 +46,5 @@ def forget() -> None:
 
 
 __all__ = ["Decision", "__version__", "disable", "enable", "enabled", "explain", "forget",
-           "is_enabled", "ops", "reset_stats", "stats", "tuning"]
+           "freeze", "frozen", "is_enabled", "on_decision", "ops", "record", "reset_stats",
+           "stats", "stop_recording", "tuning"]

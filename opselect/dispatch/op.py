@@ -161,6 +161,9 @@ class Op:
         choice = Choice(self._by_name[decision.choice], decision.config, decision.source,
                         provisional=decision.source in ("model", "cache+model"))
         self._memo[call.key] = choice
+        from .. import observe  # (imports the dispatch package: not at module level)
+
+        observe.decided(self, call, decision)
         return choice
 
     def plan(self, call: Call, model: Any = None, *, check_device: bool = True) -> list[Candidate]:
@@ -185,7 +188,7 @@ class Op:
     def decide(self, call: Call, *, tune: bool | None = None) -> Decision:
         """Run the chain below the memo for this call: supports, cache, model, and (in tuning mode,
         or with tune=True) measuring whatever the cache lacks. Returns the whole record."""
-        tune = _tuning.state.active if tune is None else tune
+        tune = (_tuning.state.active if tune is None else tune) and not _tuning.state.frozen
         if call.empty:
             candidates = [Candidate(b.name, None) for b in self.backends]
             return self._decision(call, candidates, candidates[0], "empty call", {})

@@ -19,10 +19,12 @@ import torch
 
 
 class _State:
-    __slots__ = ("active",)
+    __slots__ = ("active", "frozen")
 
     def __init__(self) -> None:
         self.active = os.environ.get("OPSELECT_TUNE", "0") not in ("", "0")
+        #: opselect.freeze() / OPSELECT_FREEZE=1: never measure (the cache and the model only)
+        self.frozen = os.environ.get("OPSELECT_FREEZE", "0") not in ("", "0")
 
 
 state = _State()
