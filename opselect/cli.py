@@ -103,6 +103,15 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if not entries:
         raise UsageError("give a spec file or --op with --shapes (see --help)")
     items = list(expand(entries))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+        from .sharded_warm import run_torchrun
+
+        return run_torchrun(items, args.device, _console())
+    if args.shards is not None and args.shards != 1:
+        from .sharded_warm import run_shards
+
+        _device(args.device)  # a bad --device is said before any worker starts
+        return run_shards(items, args.shards, args.device, _console())
     device = _device(args.device)
     interrupted = False
     console = _console()
@@ -330,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "torch per shape.")
     w.add_argument("spec", nargs="*", help="spec files (.yaml, .yml or .json)")
     w.add_argument("--op", help="op to warm from flags instead of (or besides) a spec")
+    w.add_argument("--shards", "--gpus", type=int, default=None, metavar="N",
+                   help="warm with N worker processes, one per GPU (round-robin over the "
+                        "items; one process writes the cache at the end)")
     call_args(w, many=True)
     w.set_defaults(fn=cmd_warm)
 

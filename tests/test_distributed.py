@@ -42,3 +42,24 @@ def test_two_ranks_agree_after_sync(tmp_path):
     assert r0["runs"] == r1["runs"] == "search"
     assert len(r0["after"]["isin"]) == 2 and len(r0["before"]["isin"]) == 1
     assert r0["ok"] and r1["ok"]
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="interpreter run (shards on the CPU)")
+def test_sharded_warm_imports_every_shard(tmp_path):
+    """`opselect warm --shards 2`: two worker processes, each with its share of the items and a
+    private cache; the parent imports both into the user's cache (validated) and says so."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("- op: isin\n  cases: [[[100], [8]], [[200], [9]], [[300], [5]]]\n"
+                    "  dtypes: [int32]\n")
+    env = dict(os.environ, OPSELECT_CACHE_DIR=str(tmp_path / "cache"), TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "opselect.cli", "warm", "--shards", "2",
+                          str(spec)], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "2 shard(s) warmed 3 item(s)" in run.stdout and "3 record(s) imported" in run.stdout
+    show = subprocess.run([sys.executable, "-m", "opselect.cli", "show"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert "3 tune record(s)" in show.stdout
+    bad = subprocess.run([sys.executable, "-m", "opselect.cli", "warm", "--shards", "0",
+                          str(spec)], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--shards" in bad.stderr
