@@ -38,10 +38,10 @@ class Backend:
     """Base class; subclasses set `name` and implement run / cost and usually supports / configs."""
 
     name: str = "?"
-    #: Triton JIT functions the backend launches: their source is hashed into the tune cache key, so
-    #: editing a kernel re-measures that backend and only it.
+    #: Extra jit functions the backend launches that its module neither defines nor holds a
+    #: Launcher of (rarely needed: see dispatch/source_hash.py for how the hash finds the code).
     kernels: tuple[Any, ...] = ()
-    #: Bump when the launcher changes in a way that affects timing but the kernels' text does not.
+    #: Bump to re-measure a backend whose code is unchanged (e.g. after a Triton fix).
     revision: int = 1
     #: False for backends that only call torch (they run on any device).
     uses_triton: bool = True
@@ -60,8 +60,20 @@ class Backend:
     def run(self, call: Any, config: Config) -> Any:
         raise NotImplementedError
 
+    #: The backend's cost model, a function of heuristics/<op>.py with the one signature every
+    #: backend shares: (call, model, plan) -> Estimate. Set as staticmethod(cost.<name>).
+    estimate: Callable[[Any, Any, Any], Estimate] | None = None
+
+    def plan(self, call: Any, config: Config | None = None, *, sms: int | None = None) -> Any:
+        """The frozen launch plan of a call under a config (None: the backend has no plan)."""
+        return None
+
     def cost(self, call: Any, model: Any) -> Estimate:
-        raise NotImplementedError
+        if self.estimate is None:
+            raise NotImplementedError(f"{type(self).__name__} has no cost model")
+        # The model's SM count, not the call's device: explain() may ask about another GPU.
+        plan = self.plan(call, self.configs(call)[0], sms=max(1, int(model.sm_count)))
+        return self.estimate(call, model, plan)
 
     # -- shared helpers ------------------------------------------------------------------------
     def device_reason(self, info: DeviceInfo) -> str | None:
@@ -74,28 +86,22 @@ class Backend:
 
     @property
     def source_hash(self) -> str:
+        """Hash of the code this backend runs (its kernels' jit closure, constants, host module
+        and switches); timings in the tune cache are trusted only under the same hash."""
         cached = self.__dict__.get("_source_hash")
         if cached is None:
-            h = hashlib.sha256(f"{type(self).__qualname__}|{self.revision}".encode())
-            for kernel in self.kernels:
-                h.update(_kernel_source(kernel).encode())
-            cached = self.__dict__["_source_hash"] = h.hexdigest()[:16]
+            if self.uses_triton:
+                from .source_hash import backend_hash
+
+                cached = backend_hash(self)
+            else:
+                cached = hashlib.sha256(
+                    f"{type(self).__qualname__}|{self.revision}".encode()).hexdigest()[:16]
+            self.__dict__["_source_hash"] = cached
         return cached
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
-
-
-def _kernel_source(kernel: Any) -> str:
-    # triton.JITFunction (and the interpreter's wrapper) keep the source text in `.src`;
-    # plain Python callables fall back to inspect.
-    src = getattr(kernel, "src", None)
-    if src is None:
-        fn = getattr(kernel, "fn", kernel)
-        import inspect
-
-        src = inspect.getsource(fn)
-    return src
 
 
 class TorchBackend(Backend):
@@ -116,3 +122,37 @@ class TorchBackend(Backend):
 
     def cost(self, call: Any, model: Any) -> Estimate:
         return self._cost(call, model)
+
+
+class PlannedBackend(Backend):
+    """A backend whose launches follow a plan: a frozen dataclass of every launch parameter,
+    made by `make_plan` from the call's facts (`plan_facts`), the SM count and a config. The
+    plan is the Launchers' spec, the source of each kernel's constexprs and the cost model's
+    input. Plans are memoised per backend: a call's facts repeat far more often than they
+    change (the memo is simply cleared if it ever grows large)."""
+
+    PLANS_MAX = 4096
+
+    def plan_facts(self, call: Any) -> tuple:
+        """The hashable facts of a call that its plan depends on (sizes, dtype, flags)."""
+        raise NotImplementedError
+
+    def make_plan(self, call: Any, config: Config, sms: int) -> Any:
+        raise NotImplementedError
+
+    def plan(self, call: Any, config: Config | None = None, *, sms: int | None = None) -> Any:
+        if config is None:
+            config = self.configs(call)[0]
+        if sms is None:
+            sms = call.info.sm_count
+        # The config's own order: equal configs built in another order only cost a second plan.
+        key = (self.plan_facts(call), sms, tuple(config.items()))
+        plans = self.__dict__.get("_plans")
+        if plans is None:
+            plans = self.__dict__["_plans"] = {}
+        found = plans.get(key)
+        if found is None:
+            if len(plans) >= self.PLANS_MAX:
+                plans.clear()
+            found = plans[key] = self.make_plan(call, dict(config), sms)
+        return found

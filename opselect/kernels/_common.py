@@ -7,6 +7,8 @@ import os
 import torch
 import triton
 
+from .. import switches
+
 INT32_SAFE = 2**31 - 2**20  # above this, offsets in kernels are computed in 64 bits
 
 
@@ -47,29 +49,42 @@ class Launcher:
     them), and for every call while `verify` is on, which also checks that Triton picks the
     very kernel the spec named.
 
-        launcher(spec, grid, (runtime arguments...), lambda: dict(constexprs, num_warps=...))
+        LAUNCH = Launcher(kernel, lambda plan: dict(BLOCK=plan.block, num_warps=plan.warps))
+        LAUNCH(plan, grid, (runtime arguments...))
 
-    Runtime arguments come first in the kernel's signature, constexprs after them. The
-    constexprs are a function: a bound launch never builds them (at a microsecond or two per
-    dict of keywords, they were a fair part of a call's host time).
+    The plan (a backend's frozen, memoised plan) is the spec, and the function given with the
+    kernel maps it to the kernel's constexprs once, where the kernel is declared: a launch site
+    passes the plan and the runtime arguments, nothing twice. Runtime arguments come first in
+    the kernel's signature, constexprs after them. The constexprs are built only when Triton's
+    own path runs: a bound launch never builds them (at a microsecond or two per dict of
+    keywords, they were a fair part of a call's host time). A launch may still pass its own
+    `constexprs` function (a spec that is not a plan).
+
+    `Launcher.observer`, when set, is called with the kernel on every launch that goes through
+    Triton's path (every launch under the interpreter): tests use it to see which kernels a
+    backend really launches.
     """
 
     verify = bool(os.environ.get("OPSELECT_VERIFY_LAUNCH"))
-    enabled = os.environ.get("OPSELECT_FAST_LAUNCH", "1") != "0"
+    enabled = switches.enabled("OPSELECT_FAST_LAUNCH")
     MAX_BOUND = 1024
 
-    __slots__ = ("fn", "bound", "fast", "pointers")
+    observer = None
 
-    def __init__(self, fn):
+    __slots__ = ("fn", "bound", "fast", "pointers", "plan_constexprs")
+
+    def __init__(self, fn, plan_constexprs=None):
         self.fn = fn
+        self.plan_constexprs = plan_constexprs  # plan -> {constexpr name: value, num_warps: ...}
         self.bound: dict = {}
         self.pointers: tuple[int, ...] | None = None  # positions of the tensor arguments
         # The interpreter's kernels have no compiled launcher.
         self.fast = isinstance(fn, triton.runtime.JITFunction)
 
-    def __call__(self, spec, grid: tuple, args: tuple, constexprs) -> None:
+    def __call__(self, spec, grid: tuple, args: tuple, constexprs=None) -> None:
         if not (self.fast and Launcher.enabled):
-            self.fn[grid](*args, **constexprs())
+            self._observe()
+            self.fn[grid](*args, **self._constexprs(spec, constexprs))
             return
         device = _current_device()
         pointers = self.pointers
@@ -90,7 +105,8 @@ class Launcher:
             compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function,
                          compiled.packed_metadata, None, None, None, *args, *tail)
             return
-        named = constexprs()
+        self._observe()
+        named = self._constexprs(spec, constexprs)
         compiled = self.fn[grid](*args, **named)
         if bound is not None:
             if compiled is not bound[0]:
@@ -104,6 +120,18 @@ class Launcher:
             if len(self.bound) >= self.MAX_BOUND:
                 self.bound.clear()
             self.bound[key] = (compiled, tuple(named[n] for n in names))
+
+    def _constexprs(self, spec, constexprs) -> dict:
+        if constexprs is not None:
+            return constexprs()
+        if self.plan_constexprs is None:
+            raise TypeError(f"{self.fn.__name__}: launched without constexprs, and its Launcher "
+                            "was declared without a plan -> constexprs function")
+        return self.plan_constexprs(spec)
+
+    def _observe(self) -> None:
+        if Launcher.observer is not None:
+            Launcher.observer(self.fn)
 
 
 _stream_of = None  # the driver's current-stream function, looked up on first use

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 
 import torch
 import triton
@@ -66,6 +65,7 @@ from ..dispatch.signature import bucket
 from ..errors import (ArgumentTypeError, DimError, InvalidArgument, OpselectError,
                       TorchOnlyCall)
 from ..heuristics import topk as cost
+from ..switches import enabled
 from ._common import Launcher, cdiv, next_pow2
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -86,11 +86,11 @@ SORT_MAX = 1024
 # The one-launch radix mode has the programs of a row wait for each other; it keeps the grid
 # within one program per SM so they are all resident. Where fewer SMs than the device reports
 # are available to this process (MPS limits, green contexts), set OPSELECT_TOPK_COOP=0.
-COOP_ALLOWED = os.environ.get("OPSELECT_TOPK_COOP", "1") != "0"
+COOP_ALLOWED = enabled("OPSELECT_TOPK_COOP")
 # maxima's second launch is a programmatic dependent launch on Hopper and later (sm_90+): it is
 # scheduled while the first one's last programs run and waits for them in the kernel, which
 # hides the gap between the two launches. OPSELECT_TOPK_PDL=0 turns it off.
-PDL_ALLOWED = os.environ.get("OPSELECT_TOPK_PDL", "1") != "0"
+PDL_ALLOWED = enabled("OPSELECT_TOPK_PDL")
 # int64 counters per row in the radix workspace (see _radix_filter_kernel).
 COUNTERS: tl.constexpr = tl.constexpr(8)
 # How often a program of the one-launch mode polls for the rest of its row before giving up

@@ -18,9 +18,11 @@ def _software() -> tuple[str, str, str, str | None]:
 
 
 def fingerprint_dict(info: DeviceInfo) -> dict:
+    from ..switches import all_switches
+
     torch_v, triton_v, opselect_v, cuda_v = _software()
     return {"device": info.cache_key, "torch": torch_v, "triton": triton_v,
-            "opselect": opselect_v, "cuda": cuda_v}
+            "opselect": opselect_v, "cuda": cuda_v, "switches": all_switches()}
 
 
 def current(info: DeviceInfo):

@@ -26,6 +26,8 @@ class Fingerprint(BaseModel):
     triton: str
     opselect: str
     cuda: Optional[str] = None
+    #: environment switches that change what backends run ("NAME=value,..."; opselect.switches)
+    switches: Optional[str] = None
 
 
 class Timing(BaseModel):

@@ -1,0 +1,178 @@
+"""A backend's source hash, derived from its code.
+
+The tune cache trusts a measured timing only while the code that was timed is unchanged, so the
+hash must cover everything a launch runs: the kernels the backend launches, every @triton.jit
+function they call (transitively, wherever it is defined), the module-level constants they read
+(`tl.constexpr` globals such as a workspace width), the host module that plans and launches
+them, and the environment switches those modules read. Nothing here is a hand-kept list: the
+closure is found by reading each jit function's source (the same walk Triton's own
+`JITFunction.cache_key` does for compiled kernels, and one that also works under the
+interpreter, whose functions have no cache key).
+
+Roots of a backend: every jit function defined in the module of its class, and every kernel of
+a `Launcher` that module holds (shared kernels imported from elsewhere, such as a common
+backward pass). With one module per backend, editing a helper re-measures exactly the backends
+whose kernels reach it.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import inspect
+import sys
+import textwrap
+from types import ModuleType
+from typing import Any
+
+from triton.runtime.jit import KernelInterface
+
+
+def is_jit(obj: Any) -> bool:
+    return isinstance(obj, KernelInterface) and callable(getattr(obj, "fn", None))
+
+
+def _python_function(jit: Any):
+    return jit.fn
+
+
+def _source(jit: Any) -> str:
+    src = getattr(jit, "src", None)  # compiled JITFunction keeps it; the interpreter does not
+    if src is None:
+        src = _function_source(_python_function(jit))
+    return src
+
+
+@functools.lru_cache(maxsize=None)
+def _function_source(fn) -> str:
+    return textwrap.dedent(inspect.getsource(fn))
+
+
+
+
+def qualified_name(jit: Any) -> str:
+    fn = _python_function(jit)
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+# id(jit) -> (jit, its references): parsing is the slow part; holding jit keeps its id unique.
+_REFERENCES: dict[int, tuple] = {}
+
+
+def _referenced(jit: Any) -> list[tuple[str, Any]]:
+    memo = _REFERENCES.get(id(jit))
+    if memo is None:
+        memo = _REFERENCES[id(jit)] = (jit, _parse_references(jit))
+    return memo[1]
+
+
+def _parse_references(jit: Any) -> list[tuple[str, Any]]:
+    """(name, value) of each global the function's body names, resolved in its module; a dotted
+    name (`helpers._cavg`) is followed through modules."""
+    fn = _python_function(jit)
+    scope = fn.__globals__
+    tree = ast.parse(_function_source(fn))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain = []
+            base = node
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if not isinstance(base, ast.Name) or base.id not in scope:
+                continue
+            value = scope[base.id]
+            name = base.id
+            for attr in reversed(chain):
+                if not isinstance(value, ModuleType):
+                    break
+                value = getattr(value, attr, None)
+                name = f"{name}.{attr}"
+                found.append((name, value))
+        elif isinstance(node, ast.Name) and node.id in scope:
+            found.append((node.id, scope[node.id]))
+    return found
+
+
+def _constant(value: Any) -> str | None:
+    """The text a module-level constant contributes, or None if it is not one a kernel reads."""
+    import triton.language as tl
+
+    if isinstance(value, tl.constexpr):
+        return repr(value.value)
+    if isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, tl.dtype):
+        return str(value)
+    return None
+
+
+def closure(roots) -> dict[str, str]:
+    """{qualified name: source} of every jit function reachable from roots, plus
+    {"<module>.<NAME>": value} for each constant global they read."""
+    seen: dict[str, str] = {}
+    stack = list(roots)
+    while stack:
+        jit = stack.pop()
+        name = qualified_name(jit)
+        if name in seen:
+            continue
+        seen[name] = _source(jit)
+        module = _python_function(jit).__module__
+        for ref, value in _referenced(jit):
+            if is_jit(value):
+                stack.append(value)
+            else:
+                text = _constant(value)
+                if text is not None:
+                    seen[f"{module}.{ref}"] = f"= {text}"
+    return seen
+
+
+def backend_roots(backend: Any) -> list[Any]:
+    """The jit functions a backend's code may launch: those defined in the module of its class
+    (and of the classes it derives from inside opselect), the kernels of the Launchers those
+    modules hold, and any listed in the class's `kernels` attribute."""
+    from ..kernels._common import Launcher
+
+    roots = list(getattr(backend, "kernels", ()))
+    for module_name in host_modules(backend):
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, Launcher):
+                roots.append(value.fn)
+            elif is_jit(value) and _python_function(value).__module__ == module_name:
+                roots.append(value)
+    return roots
+
+
+def host_modules(backend: Any) -> set[str]:
+    """Modules of the backend's class and of its opselect base classes (the host code that
+    plans and launches its kernels)."""
+    return {cls.__module__ for cls in type(backend).__mro__
+            if cls.__module__.startswith("opselect.") and cls.__module__ != __name__
+            and cls.__module__ != "opselect.dispatch.backend"}
+
+
+def backend_hash(backend: Any) -> str:
+    from ..switches import read_by
+
+    h = hashlib.sha256(f"{type(backend).__qualname__}|{backend.revision}".encode())
+    covered = closure(backend_roots(backend))
+    for name in sorted(covered):
+        h.update(f"\n#{name}\n{covered[name]}".encode())
+    # The host code: the whole module of the class (its plan and launch code), and the bodies of
+    # the opselect classes it derives from (a shared base class, not the rest of its module).
+    own = type(backend)
+    h.update(inspect.getsource(sys.modules[own.__module__]).encode())
+    for cls in own.__mro__[1:]:
+        if cls.__module__ in host_modules(backend):
+            h.update(inspect.getsource(cls).encode())
+    modules = host_modules(backend) | {n.rsplit(".", 1)[0] for n in covered}
+    for item in read_by(modules):
+        h.update(f"\n${item}".encode())
+    return h.hexdigest()[:16]
