@@ -220,38 +220,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
     dtype = parse_dtype((args.dtype or ["float32"])[0])
     options = dict(args.opt or [])
     if args.what_if:
+        from .dispatch.op import what_if
+        from .heuristics.device_model import KNOWN_GPUS
+
+        if args.what_if.upper() not in KNOWN_GPUS:
+            raise UsageError(f"--what-if {args.what_if}: unknown GPU; known: {', '.join(KNOWN_GPUS)}")
         print(what_if(op, shapes, dtype, options, args.what_if))
         return 0
     device = _device(args.device)
     a, kw = make_inputs(op.name, shapes, dtype, options, device)
     op.explain(*a, backend=args.backend, **kw).print()
     return 0
-
-
-def what_if(op, shapes, dtype, options, gpu: str) -> str:
-    """The cost model's view of a call on a GPU one does not have (its default constants)."""
-    import torch
-
-    from .dispatch.decision import Decision
-    from .dispatch.device import DeviceInfo
-    from .heuristics.device_model import defaults_for
-
-    gpus = {"H200": (132, 60 << 20), "H100": (132, 50 << 20), "A100": (108, 40 << 20)}
-    key = gpu.upper()
-    if key not in gpus:
-        from .errors import UsageError
-
-        raise UsageError(f"--what-if {gpu}: unknown GPU; known: {', '.join(gpus)}")
-    sms, l2 = gpus[key]
-    model = defaults_for(DeviceInfo("cuda", 0, f"NVIDIA {key}", (9, 0), sms, l2, 0))
-    a, kw = op.sample(shapes, dtype, dict(options), torch.device("meta"))
-    call = op.prepare(*a, **kw)
-    cands = op.plan(call, model, check_device=False)
-    able = [c for c in cands if c.supported]
-    best = min(able, key=lambda c: c.predicted_s)
-    d = Decision(op.name, call.describe().replace("meta", key), call.key, cands, best.name, {},
-                 f"the cost model for an {key} (default constants)")
-    return str(d)
 
 
 # -- calibrate / clear / export / import ------------------------------------------------------------
@@ -362,8 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("op", help="op name, e.g. isin")
     call_args(e, many=False)
     e.add_argument("--backend", help="force this backend (explains the forced path)")
+    from .heuristics.device_model import KNOWN_GPUS
+
     e.add_argument("--what-if", metavar="GPU", help="ask the cost model for a GPU you do not have "
-                                                    "(H200, H100, A100): no device needed")
+                                                    f"({', '.join(KNOWN_GPUS)}): no device needed")
     e.set_defaults(fn=cmd_explain)
 
     c = sub.add_parser("calibrate", help="measure this GPU's cost-model constants",

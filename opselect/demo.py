@@ -58,8 +58,8 @@ def main() -> int:
         console.print("   (a second process reads these timings from the tune cache)")
 
     console.print("\n[bold]5. What the cost model picks on an H200[/bold] (no GPU needed)")
-    from opselect.cli import what_if
     from opselect.dispatch import get_op
+    from opselect.dispatch.op import what_if
 
     op = get_op("isin")
     table = Table()
@@ -68,25 +68,14 @@ def main() -> int:
     for m, n in ((10**6, 16), (16_777_216, 1024), (16_777_216, 10**6), (67_108_864, 16_000_000),
                  (10**4, 10**4)):
         for dtype in (torch.int32,):
-            text = what_if(op, [[m], [n]], dtype, {}, "H200")
-            pick = text.splitlines()[1].split()[1]
-            cands = _predicted(op, m, n, dtype)
-            table.add_row(f"{m:,}", f"{n:,}", str(dtype)[6:], pick, _fmt(cands[pick]),
-                          _fmt(cands["torch"]))
+            decision = what_if(op, [[m], [n]], dtype, {}, "H200")
+            pick = decision.candidate(decision.choice)
+            table.add_row(f"{m:,}", f"{n:,}", str(dtype)[6:], pick.name, _fmt(pick.predicted_s),
+                          _fmt(decision.candidate("torch").predicted_s))
     console.print(table)
     console.print("\nMore: `opselect --help`, `opselect explain isin --shapes '1000000;5000' "
                   "--dtype int64 --what-if H200`, README.md.")
     return 0
-
-
-def _predicted(op, m: int, n: int, dtype: torch.dtype) -> dict[str, float]:
-    from opselect.dispatch.device import DeviceInfo
-    from opselect.heuristics.device_model import defaults_for
-
-    model = defaults_for(DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 0))
-    a_, kw = op.sample([[m], [n]], dtype, {}, torch.device("meta"))
-    call = op.prepare(*a_, **kw)
-    return {c.name: c.predicted_s for c in op.plan(call, model, check_device=False) if c.supported}
 
 
 def _fmt(s: float) -> str:

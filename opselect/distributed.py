@@ -33,11 +33,7 @@ import torch
 
 from .dispatch import all_ops, op as _op_module
 from .dispatch.decision import Candidate
-from .errors import OpselectError
-
-
-class InconsistentChoices(OpselectError, AssertionError):
-    """Ranks chose differently for the same call key."""
+from .errors import InconsistentChoices, OpselectError
 
 
 def _dist():

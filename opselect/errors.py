@@ -53,3 +53,21 @@ class CacheError(OpselectError, RuntimeError):
     """The tune cache could not do what a command asked (import into a cache that cannot be
     written, an export file that cannot be created): the CLI prints one line and exits 1. Calls
     of the ops never see it: on their path a broken cache is a warning and a fallback."""
+
+
+class InconsistentChoices(OpselectError, AssertionError):
+    """Ranks chose differently for the same call key (opselect.distributed.assert_consistent)."""
+
+
+# Outcomes of one operation on the tune cache's sqlite file, raised and caught inside tune_cache/
+# (a caller of the ops never sees them: each ends in a retry, a warning or a fallback).
+class CacheBusy(Exception):
+    """Another connection holds a lock we need, or the deadline passed: try again later."""
+
+
+class CacheReadOnly(Exception):
+    """The file cannot be written (permissions, a read-only mount)."""
+
+
+class CacheUnusable(Exception):
+    """Not a database, corrupt, or not ours: give up on the file for this process."""

@@ -25,11 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 
 from opselect.dispatch import get_op  # noqa: E402
-from opselect.dispatch.device import DeviceInfo  # noqa: E402
-from opselect.dispatch.op import choose  # noqa: E402
-from opselect.heuristics.device_model import defaults_for  # noqa: E402
-
-GPUS = {"h200": ("NVIDIA H200", 141), "h100": ("NVIDIA H100 80GB HBM3", 80)}
+from opselect.heuristics.device_model import known_gpu  # noqa: E402
 
 
 def main(op_name: str, gpu: str, show: bool = True) -> tuple[float, float]:
@@ -37,10 +33,7 @@ def main(op_name: str, gpu: str, show: bool = True) -> tuple[float, float]:
     import importlib
 
     bench = importlib.import_module(f"bench_{op_name}")
-    name, mem = GPUS[gpu]
-    info = DeviceInfo(type="cuda", index=0, name=name, capability=(9, 0), sm_count=132,
-                      l2_bytes=60 * 2**20, memory_bytes=mem * 2**30)
-    model = defaults_for(info)
+    info = known_gpu(gpu)
     op = get_op(op_name)
     rows = {r["case"]: r for r in
             json.loads((ROOT / "benchmarks/results" / gpu / f"{op_name}.json").read_text())["rows"]}
@@ -48,10 +41,9 @@ def main(op_name: str, gpu: str, show: bool = True) -> tuple[float, float]:
     for case in bench.suite(False).cases:
         label = case.name
         args, kwargs = case.make(torch.device("meta"))  # shapes and dtypes, no data
-        call = op.prepare(*args, **kwargs)
-        call.info = info
-        able = [c for c in op.plan(call, model, check_device=False) if c.supported]
-        pick = choose(able, lambda c: c.predicted_s).name
+        decision = op.what_if(op.prepare(*args, **kwargs), info)  # the dispatcher's choose
+        able = [c for c in decision.candidates if c.supported]
+        pick = decision.choice
         measured = {b: v for b, v in rows.get(label, {}).get("ms", {}).items()
                     if v and any(c.name == b for c in able)}
         line = f"{label:<40} pick={pick:<10}"

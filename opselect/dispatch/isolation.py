@@ -7,7 +7,7 @@ tune cache has no timing of it) first runs once in a helper process. If that pro
 candidate is ranked last, with one warning naming it and how it died, and the user's process goes
 on; candidates that ran there are then measured in-process as before.
 
-The helper is one child process per user process (`python -m opselect.dispatch.isolation`),
+The helper is one child process per user process (`python -m opselect.dispatch.isolation_child`),
 started on first need (a few seconds: it imports torch and opselect), reused for every later first
 run and started again after a crash. It is not a multiprocessing child: those re-import the
 user's __main__ module, which would run the user's program again. Requests go over the child's
@@ -136,7 +136,7 @@ class _Child:
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, OPSELECT_TUNE="0", OPSELECT_TUNE_ISOLATE="0",
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
-        return subprocess.Popen([sys.executable, "-m", "opselect.dispatch.isolation"],
+        return subprocess.Popen([sys.executable, "-m", "opselect.dispatch.isolation_child"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=env)
 
@@ -231,47 +231,9 @@ def shutdown() -> None:
     _child.close()
 
 
-# -- the child's side -------------------------------------------------------------------------------
-def _serve() -> int:
-    import importlib
-
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    # Anything the kernels print must not corrupt the replies.
-    sys.stdout = sys.stderr
-    while True:
-        try:
-            request, blobs = _read_message(stdin)
-        except EOFError:
-            return 0
-        try:
-            importlib.import_module("opselect.ops")
-            importlib.import_module(request["module"])
-            from opselect.dispatch import get_op
-
-            op = get_op(request["op"])
-            args = _decode(request["args"], blobs)
-            kwargs = {k: _decode(v, blobs) for k, v in request["kwargs"].items()}
-            config = {k: _decode(v, blobs) for k, v in request["config"].items()}
-            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            device = next((t.device for t in tensors if t.device.type == "cuda"), None)
-            call = op.prepare(*args, **kwargs)
-            backend = op.backend(request["backend"])
-            fn = lambda: backend.run(call, config)  # noqa: E731
-            (op.timed(call, fn) if op.timed is not None else fn)()
-            if device is not None:
-                torch.cuda.synchronize(device)
-            reply: dict = {"ok": True}
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, which ranks it last
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-        _write_message(stdout, reply, [])
-
-
 def warn_failed(what: str, reason: str) -> None:
     warnings.warn(f"opselect: measuring {what} failed: its first run, in a separate process, "
                   f"{reason}; it will not be chosen", RuntimeWarning, stacklevel=5)
 
 
 Replay = Callable[[Any], tuple[tuple, dict]]
-
-if __name__ == "__main__":
-    sys.exit(_serve())

@@ -71,6 +71,12 @@ class Choice:
     #: A choice the cost model made (fully or in part) is re-decided once in tuning mode.
     provisional: bool = False
 
+    @classmethod
+    def of(cls, op: "Op", decision: Decision) -> "Choice":
+        """The memo's entry for a decision of op."""
+        return cls(op.backend(decision.choice), decision.config, decision.source,
+                   provisional=decision.source in ("model", "cache+model"))
+
 
 class Op:
     """`prepare(*args, **kwargs) -> Call` applies torch's argument rules; `sample(shapes, dtype,
@@ -158,9 +164,7 @@ class Op:
 
     def _select(self, call: Call) -> Choice:
         decision = self.decide(call)
-        choice = Choice(self._by_name[decision.choice], decision.config, decision.source,
-                        provisional=decision.source in ("model", "cache+model"))
-        self._memo[call.key] = choice
+        choice = self._memo[call.key] = Choice.of(self, decision)
         from .. import observe  # (imports the dispatch package: not at module level)
 
         observe.decided(self, call, decision)
@@ -288,10 +292,23 @@ class Op:
             decision.choice, decision.config = memo.backend.name, memo.config
             decision.source, decision.detail = "memo", f"decided earlier by {memo.source}"
         else:
-            self._memo[call.key] = Choice(self._by_name[decision.choice], decision.config,
-                                          decision.source,
-                                          provisional=decision.source in ("model", "cache+model"))
+            self._memo[call.key] = Choice.of(self, decision)
         return decision
+
+    def what_if(self, call: Call, info: DeviceInfo) -> Decision:
+        """The cost model's decision for this call on another device (its default constants):
+        the same `choose` the dispatcher uses, no device asked, no cache read. `call` is usually
+        prepared from meta tensors (shapes and dtypes only)."""
+        from ..heuristics.device_model import defaults_for
+
+        call.info = info  # plans read the SM count, the L2 size ... of the device asked about
+        candidates = self.plan(call, defaults_for(info), check_device=False)
+        able = [c for c in candidates if c.supported]
+        best = choose(able, lambda c: c.predicted_s)
+        config = dict(self._by_name[best.name].configs(call)[0])
+        return Decision(self.name, call.describe().replace("meta", info.name), call.key,
+                        candidates, best.name, config,
+                        f"the cost model for an {info.name} (default constants)")
 
     def forget(self) -> None:
         """Drop this process's memo (the tune cache on disk is untouched)."""
@@ -304,6 +321,9 @@ def _device_of(call: Call) -> Any:
     return torch.device(info.type, info.index) if info.index is not None else torch.device(info.type)
 
 
+# Every op is registered by the time anyone can ask: importing any module of opselect first runs
+# the package's __init__, which imports ops.py and so every kernels/<op> package (dispatch never
+# imports the ops: they sit above it).
 _registry: dict[str, Op] = {}
 
 
@@ -313,7 +333,6 @@ def register(op: Op) -> Op:
 
 
 def get_op(name: str) -> Op:
-    _load_all()
     try:
         return _registry[name]
     except KeyError:
@@ -321,9 +340,24 @@ def get_op(name: str) -> Op:
 
 
 def all_ops() -> Iterable[Op]:
-    _load_all()
     return list(_registry.values())
 
 
-def _load_all() -> None:
-    from .. import ops  # noqa: F401  - importing ops registers every op
+
+def what_if(op: Op, shapes: Any, dtype: torch.dtype, options: dict, gpu: str) -> Decision:
+    """The cost model's decision for a call described as a warm spec entry (shapes, dtype,
+    options) on a known GPU one need not have (`opselect explain --what-if`, the demo)."""
+    from ..heuristics.device_model import known_gpu
+
+    from ..errors import OpselectError, UsageError
+
+    info = known_gpu(gpu)
+    try:
+        args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("meta"))
+        call = op.prepare(*args, **kwargs)
+    except OpselectError as exc:
+        raise UsageError(f"{op.name} {shapes} {dtype}: {exc}") from None
+    except (RuntimeError, ValueError, TypeError) as exc:  # the options or torch refused
+        raise UsageError(f"{op.name} {shapes} {dtype} {options}: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    return op.what_if(call, info)

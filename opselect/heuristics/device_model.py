@@ -115,6 +115,26 @@ _KNOWN = {
 }
 
 
+#: The GPUs the model knows by name (for what-if questions about a GPU one does not have):
+#: full name, compute capability, SM count, L2 bytes, memory bytes.
+KNOWN_GPUS = {
+    "H200": ("NVIDIA H200", (9, 0), 132, 60 << 20, 141 << 30),
+    "H100": ("NVIDIA H100 80GB HBM3", (9, 0), 132, 50 << 20, 80 << 30),
+    "A100": ("NVIDIA A100-SXM4-80GB", (8, 0), 108, 40 << 20, 80 << 30),
+}
+
+
+def known_gpu(tag: str) -> DeviceInfo:
+    """The DeviceInfo of a GPU of KNOWN_GPUS by its tag (H200, h100, ...)."""
+    from ..errors import UsageError
+
+    spec = KNOWN_GPUS.get(tag.upper())
+    if spec is None:
+        raise UsageError(f"unknown GPU {tag!r}; known: {', '.join(KNOWN_GPUS)}")
+    name, capability, sms, l2, memory = spec
+    return DeviceInfo("cuda", 0, name, capability, sms, l2, memory)
+
+
 #: Host seconds of one launch through a bound Launcher (kernels/_common.py): the compiled kernel
 #: called directly, about a third of Triton's own launch path (`launch`).
 BOUND_LAUNCH = 5e-6

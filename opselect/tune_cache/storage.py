@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..dispatch.device import DeviceInfo
-from .notices import forget_warnings, warn_once
+from .notices import warn_once
 from .textdb import TextStore
 
-TUNE_PREFIX = "tune|"
-CALIBRATION_PREFIX = "calibration|"
+from .keys import CALIBRATION_PREFIX, TUNE_PREFIX, calibration_key, tune_key  # noqa: F401
 
 
 def default_directory() -> Path:
@@ -29,14 +28,6 @@ def default_directory() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "opselect"
-
-
-def tune_key(op: str, device: str, key: str) -> str:
-    return f"{TUNE_PREFIX}{device}|{op}|{key}"
-
-
-def calibration_key(device: str) -> str:
-    return f"{CALIBRATION_PREFIX}{device}"
 
 
 class TuneStore:
@@ -200,34 +191,3 @@ class TuneStore:
 
     def close(self) -> None:
         self.db.close()
-
-
-_store: Any = None
-_store_where: tuple | None = None
-
-
-def store() -> Any:
-    """The store of $OPSELECT_CACHE_DIR with its layers ($OPSELECT_CACHE_PATH read-only layers,
-    the $OPSELECT_CACHE_REMOTE remote; layers.py), re-read each time: tests and tools may move
-    them. It has TuneStore's interface; the command line's operations act on the local cache."""
-    global _store, _store_where
-    from .layers import LayeredStore, read_only_layers, remote_layer
-
-    where = (default_directory(), os.environ.get("OPSELECT_CACHE_PATH", ""),
-             os.environ.get("OPSELECT_CACHE_REMOTE", ""))
-    if _store is None or _store_where != where:
-        if _store is not None:
-            _store.close()
-        _store = LayeredStore(TuneStore(where[0]), read_only_layers(where[1]),
-                              remote_layer(where[2]))
-        _store_where = where
-    return _store
-
-
-def reset() -> None:
-    """Forget the open store and the warnings already given (for tests and long-lived tools)."""
-    global _store, _store_where
-    if _store is not None:
-        _store.close()
-    _store = _store_where = None
-    forget_warnings()

@@ -33,7 +33,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from ..errors import CacheError, CacheWarning
+from ..errors import CacheBusy, CacheError, CacheReadOnly, CacheUnusable, CacheWarning
 from .notices import warn_once
 from .trust import TRUST_SHARED_ENV, create_private_file, make_private_directory, untrusted_reason
 
@@ -68,16 +68,8 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, op TEXT, v
 Change = Callable[[Optional[str]], str]
 
 
-class _Busy(Exception):
-    """Another connection holds a lock we need, or the deadline passed: try again later."""
-
-
-class _ReadOnly(Exception):
-    """The file cannot be written (permissions, a read-only mount)."""
-
-
-class _Unusable(Exception):
-    """Not a database, corrupt, or not ours: give up on the file for this process."""
+# The store's own outcomes of one sqlite operation (never seen outside tune_cache/).
+_Busy, _ReadOnly, _Unusable = CacheBusy, CacheReadOnly, CacheUnusable
 
 
 def _failure(exc: sqlite3.Error) -> Exception:

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from ..errors import CacheError, UsageError
 from .notices import warn_once
 from .records import Calibration, TuneRecord
-from .storage import CALIBRATION_PREFIX, TUNE_PREFIX, TuneStore, calibration_key, tune_key
+from .keys import CALIBRATION_PREFIX, TUNE_PREFIX, calibration_key, tune_key
 from .textdb import MAX_KEY_CHARS, MAX_VALUE_CHARS
 
 #: about 250,000 tune records of six backends each, as `export` writes them
@@ -37,7 +37,7 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 
 # -- export ---------------------------------------------------------------------------------------
-def export_file(st: TuneStore, path: Path) -> int:
+def export_file(st: Any, path: Path) -> int:  # st: a storage.TuneStore
     """Write every valid record, one entry per line, to path (atomically: a temporary file in the
     same directory, then a rename). CacheError when path cannot be written."""
     directory = path.parent if str(path.parent) else Path(".")
@@ -77,7 +77,7 @@ def _remove(path: str) -> None:
 
 
 # -- import ---------------------------------------------------------------------------------------
-def import_file(st: TuneStore, path: Path) -> tuple[int, int]:
+def import_file(st: Any, path: Path) -> tuple[int, int]:  # st: a storage.TuneStore
     rows, skipped = read_export(path)
     try:
         st.db.replace_many(rows)

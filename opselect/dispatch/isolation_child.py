@@ -1,0 +1,46 @@
+"""The helper process of dispatch/isolation.py: runs each candidate's first run on a call the
+parent sends, and replies whether it finished (`python -m opselect.dispatch.isolation_child`)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .isolation import _decode, _read_message, _write_message
+from .op import get_op
+
+
+def _serve() -> int:
+    import importlib
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Anything the kernels print must not corrupt the replies.
+    sys.stdout = sys.stderr
+    while True:
+        try:
+            request, blobs = _read_message(stdin)
+        except EOFError:
+            return 0
+        try:
+            importlib.import_module(request["module"])
+            op = get_op(request["op"])
+            args = _decode(request["args"], blobs)
+            kwargs = {k: _decode(v, blobs) for k, v in request["kwargs"].items()}
+            config = {k: _decode(v, blobs) for k, v in request["config"].items()}
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            device = next((t.device for t in tensors if t.device.type == "cuda"), None)
+            call = op.prepare(*args, **kwargs)
+            backend = op.backend(request["backend"])
+            fn = lambda: backend.run(call, config)  # noqa: E731
+            (op.timed(call, fn) if op.timed is not None else fn)()
+            if device is not None:
+                torch.cuda.synchronize(device)
+            reply: dict = {"ok": True}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which ranks it last
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        _write_message(stdout, reply, [])
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())
