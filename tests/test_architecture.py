@@ -1,0 +1,268 @@
+"""The shape of the code: no import circles, modules of a readable size, every error class in
+errors.py, and tune-cache source hashes that cover every line a backend runs.
+
+The hash tests guard a correctness property of the cache: a timing is trusted only while the code
+that was timed is unchanged, so a kernel that reaches a jit function outside its backend's hash
+would keep stale timings trusted after an edit.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import opselect
+from opselect.dispatch.op import all_ops
+from opselect.dispatch.source_hash import backend_roots, closure, qualified_name
+from opselect.kernels._common import Launcher
+
+PACKAGE = Path(opselect.__file__).resolve().parent
+MAX_MODULE_LINES = 700
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the opselect modules it imports, counting imports inside functions too (a
+    lazy import that closes a circle is still a circle: it only moves the failure to a call)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                if node.level:
+                    base = base[:len(base) - (node.level - 1)]
+                    where = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    where = node.module or ""
+                for alias in node.names:
+                    sub = f"{where}.{alias.name}"
+                    targets.append(sub if sub in modules else where)
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    graph = _import_graph()
+    circles = _cycles(graph)
+    detail = [{m: sorted(graph[m] & set(c)) for m in c} for c in circles]
+    assert not circles, f"import circles in opselect/: {detail}"
+
+
+def test_the_graph_check_sees_a_circle():
+    # The check itself must be able to fail: a planted two-module circle is found.
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_modules_stay_readable():
+    long = {name: n for name, path in _modules().items()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_every_exception_class_lives_in_errors():
+    elsewhere = []
+    for name, path in _modules().items():
+        if name == "opselect.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    re.search(r"(Error|Exception|Warning)$", ast.unparse(b)) for b in node.bases):
+                elsewhere.append(f"{name}.{node.name}")
+    assert not elsewhere, f"exception classes outside opselect/errors.py: {elsewhere}"
+
+
+# -- source hashes ---------------------------------------------------------------------------------
+def _triton_backends():
+    return [(op, b) for op in all_ops() for b in op.backends if b.uses_triton]
+
+
+# Small calls that between them reach every launch path of every backend under the interpreter
+# (single / split / cooperative modes, forward and backward).
+def _calls(op_name: str):
+    g = torch.Generator().manual_seed(0)
+    if op_name == "isin":
+        for m, n, dtype in ((40, 7, torch.int32), (300, 90, torch.int64), (64, 33, torch.float32),
+                            (100, 2000, torch.int16)):
+            a = torch.randint(-50, 50, (m,), generator=g).to(dtype)
+            b = torch.randint(-50, 50, (n,), generator=g).to(dtype)
+            yield (a, b), {}
+    elif op_name == "permute":
+        x = torch.randn(3, 4, 5, 6, generator=g)
+        for dims in ((3, 2, 1, 0), (0, 2, 1, 3), (1, 0, 2, 3), (0, 1, 3, 2)):
+            yield (x, dims), {}
+        yield (torch.randn(40, 3, generator=g).to(torch.float16), (1, 0)), {}
+    elif op_name in ("softmax", "log_softmax"):
+        for shape, dim in (((4, 50), -1), ((3, 3000), -1), ((5, 6, 7), 1), ((2, 20000), -1)):
+            yield (torch.randn(*shape, generator=g, requires_grad=True), dim), {}
+    elif op_name == "topk":
+        for shape, k in (((4, 300), 5), ((2, 9000), 20), ((1, 20000), 3), ((3, 64), 1)):
+            for dtype in (torch.float32, torch.int64):
+                yield (torch.randn(*shape, generator=g).mul(100).to(dtype), k), {}
+
+
+@pytest.mark.parametrize("op_name", ["isin", "permute", "softmax", "log_softmax", "topk"])
+def test_every_launched_kernel_is_in_its_backends_hash(cpu_triton, op_name):
+    op = next(o for o in all_ops() if o.name == op_name)
+    launched: list = []
+    previous = Launcher.observer
+    Launcher.observer = launched.append
+    try:
+        for backend in op.backends:
+            if not backend.uses_triton:
+                continue
+            covered = set(closure(backend_roots(backend)))
+            ran = 0
+            for args, kwargs in _calls(op_name):
+                call = op.prepare(*args, **kwargs)
+                if call.empty or backend.supports(call) is not None:
+                    continue
+                launched.clear()
+                out = op(*args, backend=backend.name, **kwargs)
+                if isinstance(out, torch.Tensor) and out.requires_grad:
+                    out.backward(torch.ones_like(out))  # the backward kernels count too
+                ran += 1
+                missing = {qualified_name(k) for k in launched} - covered
+                assert not missing, (f"{op_name}/{backend.name} launched {sorted(missing)}, "
+                                     "which its source hash does not cover")
+            assert ran, f"no test call reaches {op_name}/{backend.name}"
+    finally:
+        Launcher.observer = previous
+
+
+def test_the_observer_sees_launches(cpu_triton):
+    # The coverage test above is only as good as the observer: a forced Triton run is seen.
+    launched: list = []
+    previous, Launcher.observer = Launcher.observer, launched.append
+    try:
+        opselect.ops.softmax(torch.randn(4, 8), -1, backend="fused")
+    finally:
+        Launcher.observer = previous
+    assert launched
+
+
+def test_hash_covers_called_helpers_and_constexpr_globals(cpu_triton):
+    for op, backend in _triton_backends():
+        covered = closure(backend_roots(backend))
+        roots = {qualified_name(k) for k in backend_roots(backend)}
+        assert roots <= set(covered), (op.name, backend.name)
+    # topk's radix kernels read constexpr globals (the workspace's counters, the spin limit).
+    radix = next(b for op, b in _triton_backends() if op.name == "topk" and b.name == "radix")
+    names = {n.rsplit(".", 1)[-1] for n in closure(backend_roots(radix))}
+    assert {"COUNTERS", "SPIN_LIMIT"} <= names
+
+
+_HASHES_SCRIPT = """
+import json
+import opselect
+from opselect.dispatch.op import all_ops
+print(json.dumps({f"{op.name}/{b.name}": b.source_hash for op in all_ops() for b in op.backends}))
+"""
+
+
+def _hashes_of(package_root: Path, env_extra: dict | None = None) -> dict[str, str]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(package_root))
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", _HASHES_SCRIPT], env=env, cwd=package_root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    root = tmp_path / "copy"
+    shutil.copytree(PACKAGE, root / "opselect",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return root
+
+
+def _edit_function(root: Path, function: str) -> str:
+    """Add a statement to the body of the module-level function `function` in the copy; returns
+    the module it lives in."""
+    for path in (root / "opselect").rglob("*.py"):
+        text = path.read_text()
+        match = re.search(rf"^def {re.escape(function)}\(.*?\):\n", text, re.M | re.S)
+        if match:
+            edited = text[:match.end()] + "    _edited = 0  # an edit for the test\n" + \
+                text[match.end():]
+            path.write_text(edited)
+            return str(path.relative_to(root))
+    raise AssertionError(f"no function {function} in the copy")
+
+
+def test_editing_a_shared_helper_rehashes_exactly_its_users(tmp_path):
+    # topk's _key_limits is called by the radix, tournament and maxima kernels, not by bitonic's
+    # (and torch / sort run no kernels): an edit must re-measure those three and nothing else.
+    root = _copy_package(tmp_path)
+    before = _hashes_of(root)
+    where = _edit_function(root, "_key_limits")
+    after = _hashes_of(root)
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"topk/radix", "topk/tournament", "topk/maxima"}, (where, changed)
+
+
+def test_hashes_are_the_same_in_every_process_and_follow_switches(tmp_path):
+    root = _copy_package(tmp_path)
+    first, second = _hashes_of(root), _hashes_of(root)
+    assert first == second
+    # OPSELECT_TOPK_PDL changes what maxima launches: its timings must not be trusted across it.
+    off = _hashes_of(root, {"OPSELECT_TOPK_PDL": "0"})
+    assert off["topk/maxima"] != first["topk/maxima"]
+    assert off["isin/hash"] == first["isin/hash"]
