@@ -248,7 +248,7 @@ def _run_isin(elements, test, invert):
                                      f"differ, first at elements {elements[bad][:4].tolist()}")
 
 
-@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)],
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
                          ids=["interpreter", "cuda"])
 def test_isin_matches_torch(gpu):
     _device(gpu)
@@ -331,7 +331,7 @@ def _run_topk(x, k, dim, largest, sorted_):
             _same_values(mine, theirs, what)
 
 
-@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)],
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
                          ids=["interpreter", "cuda"])
 def test_topk_matches_torch(gpu):
     _device(gpu)
@@ -394,7 +394,7 @@ def _run_permute(x, dims):
             assert torch.equal(_bits(got), _bits(want)), what
 
 
-@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)],
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
                          ids=["interpreter", "cuda"])
 def test_permute_matches_torch(gpu):
     _device(gpu)
@@ -485,7 +485,7 @@ def _run_softmax(x, dim, out_dtype, log, grad):
             _close_as_torch(dx, want_dx, exact_dx, f"gradient of {what}", eps=2 * narrow)
 
 
-@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu)],
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
                          ids=["interpreter", "cuda"])
 def test_softmax_matches_torch(gpu):
     _device(gpu)

@@ -22,6 +22,9 @@ from opselect.dispatch.device import DeviceInfo
 from opselect.errors import BackendError, InvalidArgument
 from opselect.heuristics.device_model import defaults_for
 from opselect.kernels import permute as P
+from opselect.kernels.permute import naive as P_naive
+from opselect.kernels.permute import tiled as P_tiled
+from opselect.kernels.permute import vectorized as P_vectorized
 
 BACKENDS = ("naive", "tiled", "vectorized")
 # Every element size the kernels move, and the dtypes with special bytes (bool, complex, float8).
@@ -223,7 +226,7 @@ def test_layouts(cpu_triton, layout):
 
 def test_tiled_batch_dims(cpu_triton, monkeypatch):
     """Groups of one dim each, so up to 6 dims go to the batch index."""
-    monkeypatch.setattr(P, "GROUP_TARGET", 2)
+    monkeypatch.setattr(P_tiled, "GROUP_TARGET", 2)
     x = P.random_tensor((2, 3, 2, 2, 2, 3, 2, 3), torch.float16, cpu_triton)
     for dims in ((7, 6, 5, 4, 3, 2, 1, 0),):
         assert "tiled" in check_all(x, dims, backends=("tiled",), with_out=False)
@@ -295,7 +298,8 @@ def test_every_config_and_tail(cpu_triton, backend):
 
 def test_int64_offsets(cpu_triton, monkeypatch):
     """The 64-bit index path (taken past 2**31 elements) on small tensors."""
-    monkeypatch.setattr(P, "needs_int64", lambda *n: True)
+    for module in (P_naive, P_tiled, P_vectorized):  # each backend asks for itself
+        monkeypatch.setattr(module, "needs_int64", lambda *n: True)
     for shape, dims in (((6, 10), (1, 0)), ((3, 4, 8), (1, 0, 2)), ((2, 3, 4, 5), (3, 1, 0, 2)),
                         ((20, 3), (1, 0)), ((3, 20), (1, 0))):
         for dtype in (torch.float32, torch.complex128):

@@ -11,6 +11,7 @@ element a kernel forgets to write fails the test.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 
 import pytest
@@ -24,6 +25,9 @@ from opselect.dispatch import get_op
 from opselect.dispatch.op import TORCH_MARGIN
 from opselect.errors import ArgumentTypeError, BackendError, InvalidArgument
 from opselect.kernels import softmax as sm
+
+SOFTMAX_MODULES = [importlib.import_module(f"opselect.kernels.softmax.{name}") for name in
+                   ("call", "common", "autograd", "fused", "multirow", "online", "strided")]
 
 pytestmark = [
     # The interpreter runs kernels in numpy, which warns on -inf - -inf (NaN rows are expected).
@@ -44,12 +48,21 @@ TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2), torch.float3
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
     """Kernel outputs start as POISON instead of whatever memory held."""
-    real = sm._new
+    real = sm.common._new
 
     def new(shape, dtype, device):
         return real(shape, dtype, device).fill_(POISON)
 
-    monkeypatch.setattr(sm, "_new", new)
+    patch_everywhere(monkeypatch, "_new", new)
+
+
+def patch_everywhere(monkeypatch, name: str, value) -> None:
+    """Replace `name` in every module of the softmax package that holds it (each module imports
+    the helpers it uses by name)."""
+    holders = [module for module in SOFTMAX_MODULES if hasattr(module, name)]
+    assert holders, f"no module of the softmax package holds {name}"
+    for module in holders:
+        monkeypatch.setattr(module, name, value)
 
 
 def fn(log: bool):
@@ -106,9 +119,9 @@ def spy(monkeypatch, *names):
 
 def set_sm_count(monkeypatch, count):
     """Pretend the device has `count` SMs (the launchers size grids and splits by it)."""
-    real = sm.device_info
-    monkeypatch.setattr(sm, "device_info",
-                        lambda dev: dataclasses.replace(real(dev), sm_count=count))
+    real = sm.call.device_info
+    patch_everywhere(monkeypatch, "device_info",
+                     lambda dev: dataclasses.replace(real(dev), sm_count=count))
 
 
 def run_config(x, dim, log, backend, config, dtype=None):
@@ -253,8 +266,8 @@ def test_multirow_configs(cpu_triton):
 
 def test_many_tiles_per_program(cpu_triton, monkeypatch):
     """The persistent-style loop: each program takes several tiles, the last one partly empty."""
-    monkeypatch.setattr(sm, "WAVES", 1)
-    monkeypatch.setattr(sm, "_resident", lambda *a: 2)
+    patch_everywhere(monkeypatch, "WAVES", 1)
+    patch_everywhere(monkeypatch, "_resident", lambda *a: 2)
     grids = spy(monkeypatch, "_rows_fwd_kernel")
     torch.manual_seed(6)
     x = torch.randn(23, 9)
@@ -464,8 +477,8 @@ def test_backward(cpu_triton, backend, log):
 def test_backward_paths(cpu_triton, monkeypatch, log):
     """The backward's own paths at small sizes: rows in two passes, split rows, strided chunks,
     a non-contiguous upstream gradient, and a widening dtype= (dx in the input's dtype)."""
-    monkeypatch.setattr(sm, "BWD_SINGLE_MAX", 64)
-    monkeypatch.setattr(sm, "BWD_SINGLE_MAX_F64", 64)
+    patch_everywhere(monkeypatch, "BWD_SINGLE_MAX", 64)
+    patch_everywhere(monkeypatch, "BWD_SINGLE_MAX_F64", 64)
     grids = spy(monkeypatch, "_rows_bwd_kernel", "_split_bwd_sum_kernel",
                 "_split_bwd_apply_kernel", "_strided_bwd_kernel")
     torch.manual_seed(10)
@@ -483,7 +496,7 @@ def test_backward_paths(cpu_triton, monkeypatch, log):
     assert len(grids["_split_bwd_sum_kernel"]) == len(grids["_split_bwd_apply_kernel"]) == 1
     assert grids["_split_bwd_sum_kernel"][0][0] > 1
     # strided with the dim in chunks
-    monkeypatch.setattr(sm, "TILE_MAX", 64)
+    patch_everywhere(monkeypatch, "TILE_MAX", 64)
     x = torch.randn(2, 50, 6)
     got, ref = grads(x, 1, log, "strided", torch.randn(x.shape))
     assert_grad(got, ref, torch.float32, "strided chunks")
@@ -582,7 +595,7 @@ def test_backend_errors(cpu_triton):
 
 def test_cpu_without_interpreter_uses_torch(monkeypatch):
     """A CPU tensor without the interpreter: only torch can run it, and auto picks it."""
-    info = sm.device_info(torch.device("cpu"))
+    info = sm.call.device_info(torch.device("cpu"))
     monkeypatch.setattr(type(info), "runs_triton", property(lambda self: False))
     x = torch.randn(4, 8)
     d = opselect.explain("softmax", x, show=False)
@@ -739,7 +752,7 @@ def test_gpu_online_every_config(cuda, shape):
 def test_gpu_cooperative_gives_up_waiting(cuda, monkeypatch):
     """With a spin limit of one poll most programs stop waiting and reread their row: slower,
     still right (the path that keeps a starved launch from hanging)."""
-    monkeypatch.setattr(sm, "COOP_SPIN_LIMIT", 1)
+    patch_everywhere(monkeypatch, "COOP_SPIN_LIMIT", 1)
     x = torch.randn(64, 131072, device=cuda) * 3
     for log in (False, True):
         got = run_config(x, -1, log, "online", {"COOP_CHUNK": 8192, "num_warps": 8})

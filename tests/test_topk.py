@@ -15,14 +15,18 @@ import re
 
 import pytest
 import torch
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opselect import ops
 from opselect.dispatch.device import DeviceInfo
-from opselect.errors import BackendError, InvalidArgument
+from opselect.errors import BackendError, DimError, InvalidArgument
 from opselect.heuristics.device_model import defaults_for
 from opselect.kernels import topk as K
+from opselect.kernels.topk import maxima as K_maxima
+from opselect.kernels.topk import radix as K_radix
+from opselect.kernels.topk import tournament as K_tournament
 
 BACKENDS = ("radix", "tournament", "maxima", "sort", "bitonic")
 TRITON_BACKENDS = ("radix", "tournament", "maxima", "bitonic")
@@ -230,13 +234,13 @@ def test_radix_threshold_is_the_answer(cpu_triton):
 def test_radix_sample_misses(cpu_triton, monkeypatch):
     # A threshold with no margin is usually above the k-th key: the finisher must notice and
     # select from the whole row.
-    monkeypatch.setattr(K, "_margin", lambda mu: 1)
-    K._PLANS.clear()
+    monkeypatch.setattr(K_radix, "_margin", lambda mu: 1)
+    forget_plans()
     x = torch.randn(1, 3000)
     plan, _, _ = plan_of(x, 60)
     assert plan.mode == "split" and plan.m == 1
     check(x, 60)
-    K._PLANS.clear()
+    forget_plans()
 
 
 def test_radix_buffer_overflow(cpu_triton):
@@ -244,12 +248,12 @@ def test_radix_buffer_overflow(cpu_triton):
     x = torch.randn(1, 3000)
     _, call, backend = plan_of(x, 25)
     cfg = dict(backend.configs(call)[0])
-    plan = K.OP.backend("radix")._plan(call, cfg)
+    plan = K.OP.backend("radix").plan(call, cfg)
     plan.CAP = 26  # survivors beyond this are dropped, the counts still say how many there were
     try:
         values, indices = backend.run(call, cfg)
     finally:
-        K._PLANS.clear()
+        forget_plans()
     ref = torch.topk(x, 25)
     assert same_values(values, ref.values)
     assert same_values(torch.gather(x, 1, indices), values)
@@ -261,7 +265,7 @@ def test_radix_long_survivor_lists(cpu_triton):
     call = K.prepare(x, 300)
     backend = K.OP.backend("radix")
     cfg = {"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "EXACT": True}
-    plan = K.OP.backend("radix")._plan(call, cfg)
+    plan = K.OP.backend("radix").plan(call, cfg)
     assert plan.mode == "split" and plan.CAP > plan.FT
     values, indices = backend.run(call, cfg)
     ref = torch.topk(x, 300)
@@ -279,7 +283,7 @@ def test_radix_one_launch_kernel(cpu_triton, dtype):
     call = K.prepare(x, 70)
     backend = K.OP.backend("radix")
     cfg = dict(backend.configs(call)[0])
-    plan = K.OP.backend("radix")._plan(call, cfg)
+    plan = K.OP.backend("radix").plan(call, cfg)
     assert plan.mode == "split"
     tops = plan.SB * plan.MS  # the same room in the workspace, one block of tops per row
     plan.mode, plan.B, plan.SB = "coop", 1, 1
@@ -288,7 +292,7 @@ def test_radix_one_launch_kernel(cpu_triton, dtype):
     try:
         values, indices = backend.run(call, cfg)
     finally:
-        K._PLANS.clear()
+        forget_plans()
     ref = torch.topk(x, 70)
     assert same_values(values, ref.values)
     assert same_values(torch.gather(x, 1, indices), values)
@@ -298,16 +302,18 @@ def test_radix_one_launch_gives_up_waiting(cpu_triton, monkeypatch):
     # Two programs per row, run one after the other: the first cannot see the second arrive,
     # stops waiting after SPIN_LIMIT polls and marks the row; the second (last) one finishes it
     # from the whole row. Still exact.
-    monkeypatch.setattr(K, "SPIN_LIMIT", K.tl.constexpr(3))
+    # The kernels read it from their own module's globals.
+    for module in (K_radix, K_maxima):
+        monkeypatch.setattr(module, "SPIN_LIMIT", tl.constexpr(3))
     x = torch.randn(1, 2400)
     call = K.prepare(x, 40)
     cfg = {"COOP": True, "TILE": 256, "SS": 128, "FT_MAX": 512, "SMS": 2, "EXACT": True}
-    plan = K.OP.backend("radix")._plan(call, cfg)
+    plan = K.OP.backend("radix").plan(call, cfg)
     assert plan.mode == "coop" and plan.B == 2
     try:
         values, indices = K.OP.backend("radix").run(call, cfg)
     finally:
-        K._PLANS.clear()
+        forget_plans()
     ref = torch.topk(x, 40)
     assert same_values(values, ref.values)
     assert same_values(torch.gather(x, 1, indices), values)
@@ -332,6 +338,13 @@ def test_radix_row_stride_in_place(cpu_triton):
 # ---------------------------------------------------------------------------------------------
 # the tournament backend's paths (interpreter plans: tiles of 64, chunks of a few hundred)
 # ---------------------------------------------------------------------------------------------
+def forget_plans() -> None:
+    """Drop every topk backend's memoised plans (a test changed what plans are made from)."""
+    for backend in K.OP.backends:
+        if hasattr(backend, "forget_plans"):
+            backend.forget_plans()
+
+
 def run_forced(name: str, x: torch.Tensor, k: int, config: dict, **flags):
     """Run backend `name` with `config` on rows x (last dim), check it against torch.topk
     (values, indices pointing at them, no index twice in a row) and return its plan."""
@@ -397,15 +410,15 @@ def test_tournament_plans_stay_in_bounds():
                     (64, 128000, 50), (4096, 32000, 50), (256, 50000, 1), (1024, 4096, 32),
                     (1, (1 << 31) + 4097, 1), (16, 1 << 20, 256), (3, 100, 100)]:
         for cfg in ({}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": 4}):
-            p = K.tournament_plan(R, N, k, 132, cfg)
+            p = K_tournament.tournament_plan(R, N, k, 132, cfg)
             if p.reason:
                 continue
             assert (p.NB - 1) * p.CPP < N <= p.NB * p.CPP and p.CPP % p.TILE == 0
             assert p.CPP // p.G <= p.MAXP <= 8192 and p.HOT >= 2 * k
             assert p.HOT * p.G <= cfg.get("CANDIDATES", 2048) and p.TILE % p.G == 0
-            assert p.NB == 1 or p.NB * k <= p.FT <= K.TOURNAMENT_FINISH_MAX
-    assert K.tournament_plan(1, 16_000_000, 64, 132, {}).reason is None
-    assert K.tournament_plan(1, (1 << 31) + 4097, 1, 132, {}).reason is None
+            assert p.NB == 1 or p.NB * k <= p.FT <= K_tournament.TOURNAMENT_FINISH_MAX
+    assert K_tournament.tournament_plan(1, 16_000_000, 64, 132, {}).reason is None
+    assert K_tournament.tournament_plan(1, (1 << 31) + 4097, 1, 132, {}).reason is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +450,9 @@ def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
     # Two programs per row, run one after the other: the first cannot see the second arrive,
     # gives up after SPIN_LIMIT polls and marks the row; the second ranks its share, and as the
     # row's last program it ranks all of them. Same values written twice: still exact.
-    monkeypatch.setattr(K, "SPIN_LIMIT", K.tl.constexpr(3))
+    # The kernels read it from their own module's globals.
+    for module in (K_radix, K_maxima):
+        monkeypatch.setattr(module, "SPIN_LIMIT", tl.constexpr(3))
     x = torch.randn(1, 3000)
     config = dict(configs_of("maxima", x, 40)[0], COOP=True, SMS=2, UB=16)
     plan = run_forced("maxima", x, 40, config)
@@ -483,7 +498,7 @@ def test_property_maxima(cpu_triton, n, data):
     x = torch.randint(-spread, spread, (rows, n)).float()
     config = data.draw(st.sampled_from(configs_of("maxima", x, 1)))
     top = 0
-    while top < n and K.maxima_plan(rows, n, top + 1, x.dtype, True, 4, config).reason is None:
+    while top < n and K_maxima.maxima_plan(rows, n, top + 1, x.dtype, True, 4, config).reason is None:
         top += 1
     if top == 0:  # a row too short for two supergroups: refused, with the reason
         with pytest.raises(BackendError, match="too large a part"):
@@ -500,10 +515,10 @@ def test_maxima_plans_stay_in_bounds():
                     (1, (1 << 31) + 4097, 1), (16, 1 << 20, 1000), (1, 100_000, 1024),
                     (7, 9000, 8), (1, (1 << 32) - 1, 1024)]:
         for cfg in ({}, {"RHO": 2, "G": 128}, {"TILE": 4096}):
-            p = K.maxima_plan(R, N, k, torch.float32, True, 132, cfg)
+            p = K_maxima.maxima_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.reason:
                 continue
-            assert RHO_MIN_OK(p, k) and p.S <= p.SP <= K.MAXIMA_S_MAX
+            assert RHO_MIN_OK(p, k) and p.S <= p.SP <= K_maxima.MAXIMA_S_MAX
             assert p.CPP % p.TILE == 0 and p.TILE % p.G == 0
             assert (p.SG <= p.TILE and p.TILE % p.SG == 0) or (p.SG > p.TILE and p.SG == p.CPP)
             assert (p.NB - 1) * p.CPP < N <= p.NB * p.CPP and p.NG * p.G >= N
@@ -513,12 +528,12 @@ def test_maxima_plans_stay_in_bounds():
             if p.coop:
                 assert R * p.NB2 <= 132 or p.NB2 == 1  # every waiting program resident
             assert p.CAP >= k and p.EQ_CAP >= k
-    assert K.maxima_plan(1, 16_000_000, 1024, torch.float32, True, 132, {}).reason is None
-    assert K.maxima_plan(1, 3000, 2900, torch.float32, True, 132, {}).reason
+    assert K_maxima.maxima_plan(1, 16_000_000, 1024, torch.float32, True, 132, {}).reason is None
+    assert K_maxima.maxima_plan(1, 3000, 2900, torch.float32, True, 132, {}).reason
 
 
 def RHO_MIN_OK(plan, k: int) -> bool:  # noqa: N802 - reads as the rule it checks
-    return plan.S >= K.RHO_MIN * k
+    return plan.S >= K_maxima.RHO_MIN * k
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -591,7 +606,7 @@ def test_errors_like_torch(args, kwargs, error):
 def test_error_messages_name_the_argument():
     with pytest.raises(InvalidArgument, match="k out of range.*k=5.*size 4"):
         ops.topk(torch.randn(4), 5)
-    with pytest.raises(K.DimError, match=r"dim 2 is out of range.*\[-2, 1\]"):
+    with pytest.raises(DimError, match=r"dim 2 is out of range.*\[-2, 1\]"):
         ops.topk(torch.randn(4, 3), 1, dim=2)
     with pytest.raises(RuntimeError, match="bool"):  # torch's own error
         ops.topk(torch.ones(3, dtype=torch.bool), 1)
@@ -734,11 +749,11 @@ def test_radix_plans_stay_in_bounds():
                     (64, 128000, 50), (4096, 32000, 50), (16, 1 << 20, 2048), (3, 9000, 8000),
                     (1, (1 << 31) + 5, 10), (200, 100_000, 64)]:
         for cfg in ({"COOP": True}, {"COOP": False, "TILE": 4096, "PPS": 4}, {"FUSED_TILE": 4096}):
-            p = K.radix_plan(R, N, k, torch.float32, True, 132, cfg)
+            p = K_radix.radix_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.mode == "coop":
                 assert R * p.B <= 132  # every program of the grid resident at once
             if p.mode in ("coop", "split"):
-                assert 2 * p.m <= p.SB * p.MS <= K.UNION_MAX and p.MS <= p.SS
+                assert 2 * p.m <= p.SB * p.MS <= K_radix.UNION_MAX and p.MS <= p.SS
             if p.mode == "fused":
                 assert 2 * p.m <= p.SS
             if p.mode in ("coop", "split", "fused"):
@@ -872,7 +887,7 @@ def test_gpu_dims_and_layouts(cuda):
 @given(rows=st.integers(1, 300), n=st.integers(1, 300_000), data=st.data())
 def test_gpu_random(cuda, rows, n, data):
     backend = data.draw(st.sampled_from(("radix", "tournament", "maxima", "auto")))
-    top = K.TOURNAMENT_K_MAX if backend == "tournament" else 5000
+    top = K_tournament.TOURNAMENT_K_MAX if backend == "tournament" else 5000
     k = data.draw(st.integers(0, min(n, top)))
     x = torch.randn(rows, n, device=cuda)
     check(x, k, largest=data.draw(st.booleans()), sorted=data.draw(st.booleans()),

@@ -104,6 +104,7 @@ def test_sweep_interpreter(backend, cpu_triton):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sweep_gpu(backend, cuda):
     failures = []

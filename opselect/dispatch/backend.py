@@ -110,18 +110,15 @@ class TorchBackend(Backend):
     name = "torch"
     uses_triton = False
 
-    def __init__(self, fn: Callable[[Any], Any], cost: Callable[[Any, Any], Estimate]):
+    def __init__(self, fn: Callable[[Any], Any], estimate: Callable[[Any, Any, Any], Estimate]):
         self._fn = fn
-        self._cost = cost
+        self.estimate = estimate  # (call, model, plan) -> Estimate; torch's op has no plan: None
 
     def supports(self, call: Any) -> str | None:
         return None
 
     def run(self, call: Any, config: Config) -> Any:
         return self._fn(call)
-
-    def cost(self, call: Any, model: Any) -> Estimate:
-        return self._cost(call, model)
 
 
 class PlannedBackend(Backend):
@@ -156,3 +153,7 @@ class PlannedBackend(Backend):
                 plans.clear()
             found = plans[key] = self.make_plan(call, dict(config), sms)
         return found
+
+    def forget_plans(self) -> None:
+        """Drop the memoised plans (after a change to what plans are made from: tests, tools)."""
+        self.__dict__.pop("_plans", None)

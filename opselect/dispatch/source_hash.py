@@ -132,9 +132,11 @@ def closure(roots) -> dict[str, str]:
 
 
 def backend_roots(backend: Any) -> list[Any]:
-    """The jit functions a backend's code may launch: those defined in the module of its class
-    (and of the classes it derives from inside opselect), the kernels of the Launchers those
-    modules hold, and any listed in the class's `kernels` attribute."""
+    """The jit functions a backend's code can launch: every jit function defined in the module
+    of its class, every kernel of a Launcher that module holds, and every kernel its host code
+    reaches: the names its methods use, followed through the functions and classes of opselect
+    they name (a shared `_run` that launches a common backward pass counts), plus any listed in
+    the class's `kernels` attribute."""
     from ..kernels._common import Launcher
 
     roots = list(getattr(backend, "kernels", ()))
@@ -147,7 +149,48 @@ def backend_roots(backend: Any) -> list[Any]:
                 roots.append(value.fn)
             elif is_jit(value) and _python_function(value).__module__ == module_name:
                 roots.append(value)
+    seen: set[int] = set()
+    stack: list[Any] = [cls for cls in type(backend).__mro__ if _ours(cls)]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, type):
+            stack.extend(v for v in vars(obj).values()
+                         if inspect.isfunction(v) or isinstance(v, (staticmethod, classmethod,
+                                                                    property)))
+            continue
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, property):
+            stack.extend(f for f in (obj.fget, obj.fset) if f is not None)
+            continue
+        if not inspect.isfunction(obj):
+            continue
+        scope = obj.__globals__
+        for name in _code_names(obj.__code__):
+            value = scope.get(name)
+            if isinstance(value, Launcher):
+                roots.append(value.fn)
+            elif is_jit(value):
+                roots.append(value)
+            elif (inspect.isfunction(value) or isinstance(value, type)) and _ours(value):
+                stack.append(value)
     return roots
+
+
+def _ours(obj: Any) -> bool:
+    module = getattr(obj, "__module__", "") or ""
+    return module.startswith("opselect.") and module != "opselect.dispatch.backend"
+
+
+def _code_names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):  # nested functions, lambdas, comprehensions
+            names |= _code_names(const)
+    return names
 
 
 def host_modules(backend: Any) -> set[str]:

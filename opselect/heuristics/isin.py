@@ -23,7 +23,7 @@ def _stream(call, model) -> float:
     return model.stream(call.m * (s + 1) + call.n * s)
 
 
-def torch_(call, model):
+def torch_(call, model, plan=None):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     if m == 0 or n == 0:
         return model.estimate(OP, "torch", triton=False, launch=model.torch_launch)

@@ -73,7 +73,7 @@ def _trivial(call, model, backend: str, triton: bool):
     return None
 
 
-def torch_(call, model):
+def torch_(call, model, plan=None):
     if call.numel == 0:
         return model.estimate(OP, "torch", triton=False, launch=_host(model, False))
     s = call.input.element_size()
@@ -86,7 +86,7 @@ def torch_(call, model):
                           memory=model.stream(_traffic(call)) / eff)
 
 
-def naive(call, model):
+def naive(call, model, plan=None):
     done = _trivial(call, model, "naive", True)
     if done is not None:
         return done
@@ -102,7 +102,7 @@ def naive(call, model):
                           index=_int_time(_elements(call) * (nd - 1), model, _wide(call)))
 
 
-def vectorized(call, model):
+def vectorized(call, model, plan=None):
     done = _trivial(call, model, "vectorized", True)
     if done is not None:
         return done
@@ -116,29 +116,26 @@ def vectorized(call, model):
                           memory=memory, index=_int_time(rows * max(0, nd - 1), model, _wide(call)))
 
 
-def tiled(call, model):
+def tiled(call, model, tiled_plan):
+    """tiled_plan: the backend's TiledPlan of the call's first config (kernels/permute/tiled.py)."""
     done = _trivial(call, model, "tiled", True)
     if done is not None:
         return done
-    from ..kernels import permute as kernels
-
-    plan = kernels._plan(call)
-    backend = kernels.TiledBackend
-    cfg = backend().configs(call)[0]
+    plan = tiled_plan.geometry
     elem = call.unit * plan.w
     half = 0.5 * model.stream(_traffic(call))
-    if cfg.get("NARROW") and plan.narrow:
+    if tiled_plan.narrow:
         # One side moves a contiguous chunk of n x bw elements, the other rows of bw elements.
         n, m = (plan.A, plan.B) if plan.narrow == "in" else (plan.B, plan.A)
-        bw = backend.narrow_width(n, m, call.unit, cfg["TILE_BYTES"])
+        bw = tiled_plan.narrow_width
         memory = (half / segment(n * min(bw, m) * elem) + half / segment(min(bw, m) * elem))
         tiles = plan.n_batch * math.ceil(m / bw)
-        per_tile = kernels.next_pow2(n) * (len(plan.a_dims if plan.narrow == "in" else
-                                                  plan.b_dims) + 1) + len(plan.batch) + 2
+        per_tile = tiled_plan.narrow_rows * (len(plan.a_dims if plan.narrow == "in" else
+                                                    plan.b_dims) + 1) + len(plan.batch) + 2
         return model.estimate(OP, "tiled", triton=True, launch=_host(model, True),
                               memory=memory / PEAK["tiled"],
                               index=_int_time(tiles * per_tile, model, _wide(call)))
-    ba, bb = backend.tile_shape(plan, cfg["BA"], cfg["BB"])
+    ba, bb = tiled_plan.tile_a, tiled_plan.tile_b
     # A contiguous input segment is a row of the tile along A, or several rows when A is short and
     # the B rows lie back to back in the input (the (N, 3) -> (3, N) case); likewise the output.
     seg_in = min(ba, plan.A) * elem

@@ -97,7 +97,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def torch_(call, model):
+def torch_(call, model, plan=None):
     op = _name(call)
     n, numel = call.n, call.numel
     host = 2 * _torch_launch(model)  # the op and its output's allocation

@@ -97,7 +97,7 @@ def _trivial(call, model, backend: str, triton: bool):
     return None
 
 
-def torch_(call, model):
+def torch_(call, model, plan=None):
     done = _trivial(call, model, "torch", False)
     if done is not None:
         return done
@@ -117,7 +117,7 @@ def torch_(call, model):
     return model.estimate(OP, "torch", triton=False, **parts)
 
 
-def sort(call, model):
+def sort(call, model, plan=None):
     done = _trivial(call, model, "sort", False)
     if done is not None:
         return done
@@ -279,7 +279,7 @@ def bitonic_rounds(n_pow2: int, k_pow2: int) -> float:
     return rounds
 
 
-def bitonic(call, model):
+def bitonic(call, model, plan=None):
     done = _trivial(call, model, "bitonic", True)
     if done is not None:
         return done

@@ -1,0 +1,217 @@
+"""isin's bitmap backend: one bit per value of the test set's range (integers), or the hash set
+when the range is too wide, decided on the device."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...dispatch.backend import Backend, Estimate
+from ...heuristics import isin as cost
+from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
+from .call import IsinCall, _finish, _output, _trivial
+from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, _blocks_per_program, _hash_insert,
+                     _hash_probe_blocks, _key_bits, table_plan)
+
+
+# The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
+BITMAP_MAX_BITS = 1 << 28  # 32 MiB
+
+
+# The bitmap backend decides on the device, without a host sync, between a bitmap (when the test
+# set's value range fits its capacity) and the hash set (when it does not). params[0] holds the
+# range's low end, params[1] 1 for the bitmap and 0 for the hash set.
+@triton.jit
+def _minmax_partials_kernel(t_ptr, part_ptr, N, BLOCK: tl.constexpr, PER_PROGRAM: tl.constexpr):
+    pid = tl.program_id(0)
+    lo = tl.full([BLOCK], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    hi = tl.full([BLOCK], -0x7FFFFFFFFFFFFFFF - 1, tl.int64)
+    for i in range(PER_PROGRAM):
+        offs = (pid * PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < N
+        v = tl.load(t_ptr + offs, mask=ok, other=0).to(tl.int64)
+        lo = tl.where(ok, tl.minimum(lo, v), lo)
+        hi = tl.where(ok, tl.maximum(hi, v), hi)
+    tl.store(part_ptr + 2 * pid, tl.min(lo, axis=0))
+    tl.store(part_ptr + 2 * pid + 1, tl.max(hi, axis=0))
+
+
+@triton.jit
+def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits, T,
+                         FULL_RANGE_LO, FULL_RANGE: tl.constexpr, KEY_BITS: tl.constexpr,
+                         P_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """Every program reduces the partial min/max itself (P is small), so no extra launch is
+    needed; then it clears its share of the bitmap, or fills its share of the hash table."""
+    pid = tl.program_id(0)
+    if FULL_RANGE:
+        # 8- and 16-bit integers: the bitmap spans the whole dtype, nothing to measure.
+        lo = tl.full([], FULL_RANGE_LO, tl.int64)
+        fits = tl.full([], 1, tl.int1)
+    else:
+        idx = tl.arange(0, P_BLOCK)
+        lo = tl.min(tl.load(part_ptr + 2 * idx, mask=idx < P, other=0x7FFFFFFFFFFFFFFF), axis=0)
+        hi = tl.max(tl.load(part_ptr + 2 * idx + 1, mask=idx < P, other=-0x7FFFFFFFFFFFFFFF - 1),
+                    axis=0)
+        span = hi - lo  # wraps negative only when the range exceeds 2**63: then it does not fit
+        fits = (span >= 0) & (span < cap_bits)
+    if pid == 0:
+        tl.store(params_ptr, lo)
+        tl.store(params_ptr + 1, fits.to(tl.int64))
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    if fits:
+        tl.store(bits_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < cap_bits // 32)
+    else:
+        tl.store(table_ptr + offs, tl.full([BLOCK], -(1 << (KEY_BITS - 1)), table_ptr.dtype.element_ty),
+                 mask=offs < T)
+
+
+@triton.jit
+def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, cap_bits, log_t,
+                         KEY_BITS: tl.constexpr, BUCKET: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    v = tl.load(t_ptr + offs, mask=ok, other=0)
+    if tl.load(params_ptr + 1) != 0:
+        rel = v.to(tl.int64) - tl.load(params_ptr)
+        ok = ok & (rel >= 0) & (rel < cap_bits)
+        word = (rel >> 5).to(tl.int32)
+        bit = (rel & 31).to(tl.int32)
+        tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
+    else:
+        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, KEY_BITS, BUCKET, False)
+
+
+@triton.jit
+def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_ptr, M, cap_bits,
+                         log_t, KEY_BITS: tl.constexpr, LOCAL_WORDS: tl.constexpr,
+                         LOCAL_SLOTS: tl.constexpr, INVERT: tl.constexpr, BLOCK: tl.constexpr,
+                         BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
+    """LOCAL_WORDS > 0: the bitmap (that many words) is copied on chip; LOCAL_SLOTS > 0: the
+    hash table (that many slots) is, should the data need it."""
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    lo = tl.load(params_ptr)
+    if tl.load(params_ptr + 1) != 0:
+        words = 0
+        if LOCAL_WORDS > 0:
+            words = tl.load(bits_ptr + tl.arange(0, LOCAL_WORDS))
+        for i in range(BLOCKS_PER_PROGRAM):
+            offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+            ok = offs < M
+            rel = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64) - lo
+            inside = ok & (rel >= 0) & (rel < cap_bits)
+            w_idx = tl.where(inside, rel >> 5, 0).to(tl.int32)
+            if LOCAL_WORDS > 0:
+                word = tl.gather(words, w_idx, 0)
+            else:
+                word = tl.load(bits_ptr + w_idx, mask=inside, other=0)
+            found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
+            tl.store(out_ptr + offs, found != INVERT, mask=ok)
+    else:
+        _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, KEY_BITS,
+                           LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM, False)
+
+
+_MINMAX = Launcher(_minmax_partials_kernel)
+
+
+_BITMAP_SETUP = Launcher(_bitmap_setup_kernel)
+
+
+_BITMAP_BUILD = Launcher(_bitmap_build_kernel)
+
+
+_BITMAP_PROBE = Launcher(_bitmap_probe_kernel)
+
+
+def _fits_on_chip(nbytes: int) -> bool:
+    return nbytes <= LOCAL_TABLE_BYTES
+
+
+def bitmap_capacity(n: int, dtype: torch.dtype) -> int:
+    """Bits of the bitmap: the whole range for 8/16-bit integers; else 32 bits per test element
+    (no more memory than the hash table would take), at least 2**16 and at most BITMAP_MAX_BITS."""
+    if dtype.itemsize <= 2:
+        return 1 << (8 * dtype.itemsize)
+    return min(BITMAP_MAX_BITS, max(1 << 16, 32 * next_pow2(n)))
+
+
+class BitmapBackend(Backend):
+    """A bitmap over the test set's value range, decided on the device: no host sync. When the
+    range exceeds the bitmap's capacity the same kernels use the hash set instead."""
+
+    name = "bitmap"
+    MINMAX_BLOCK = 1024
+    MAX_PARTIALS = 1024
+
+    def supports(self, call: IsinCall) -> str | None:
+        if call.elements.dtype.is_floating_point:
+            return "bitmap takes integer dtypes only (a float range has no bit per value)"
+        return None
+
+    def configs(self, call: IsinCall) -> list[dict]:
+        return [{"BLOCK": 4096, "PER_PROGRAM": 2, "num_warps": 8},
+                {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8},
+                {"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4}]
+
+    def run(self, call: IsinCall, config) -> torch.Tensor:
+        done = _trivial(call)
+        if done is not None:
+            return done
+        x, t = flat(call.elements), flat(call.test)
+        dev = x.device
+        key_bits = _key_bits(x.dtype)
+        cap_bits = bitmap_capacity(call.n, x.dtype)
+        full_range = x.dtype.itemsize <= 2
+        log_t, local_slots = table_plan(call.n, key_bits, not full_range)
+        key_dtype = torch.int64 if key_bits == 64 else torch.int32
+        # Both structures are allocated (O(N) each, from the caching allocator); the setup kernel
+        # initialises only the one the data calls for.
+        bits = torch.empty(cap_bits // 32, dtype=torch.int32, device=dev)
+        # (the slot past the table is the hash set's flag, as in HashBackend)
+        table = torch.empty(1 if full_range else (1 << log_t) + 1, dtype=key_dtype, device=dev)
+        flag = table[table.numel() - 1:]
+        params = torch.empty(2, dtype=torch.int64, device=dev)
+        m, n, invert, dtype = call.m, call.n, call.invert, x.dtype
+        if full_range:
+            parts, n_parts = params, 0
+        else:
+            per = max(1, cdiv(n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
+            n_parts = cdiv(n, self.MINMAX_BLOCK * per)
+            parts = torch.empty(2 * n_parts, dtype=torch.int64, device=dev)
+            _MINMAX((dtype, n, per), (n_parts,), (t, parts, n),
+                    lambda: dict(BLOCK=self.MINMAX_BLOCK, PER_PROGRAM=per, num_warps=4))
+        setup_block = 1024
+        slots = 0 if full_range else table.numel()
+        lowest = torch.iinfo(dtype).min
+        p_block = next_pow2(max(n_parts, 2))
+        _BITMAP_SETUP((dtype, n_parts, cap_bits, slots, full_range),
+                      (cdiv(max(cap_bits // 32, table.numel()), setup_block),),
+                      (parts, n_parts, params, bits, table, cap_bits, slots, lowest),
+                      lambda: dict(FULL_RANGE=full_range, KEY_BITS=key_bits, P_BLOCK=p_block,
+                                   BLOCK=setup_block, num_warps=4))
+        build_block = 1024
+        bucket_width = 1 if local_slots else WIDE_BUCKET.value
+        _BITMAP_BUILD((dtype, n, cap_bits, log_t, bucket_width), (cdiv(n, build_block),),
+                      (t, params, bits, table, flag, n, cap_bits, log_t),
+                      lambda: dict(KEY_BITS=key_bits, BUCKET=bucket_width, BLOCK=build_block,
+                                   num_warps=4))
+        out = _output(call)
+        local_words = cap_bits // 32 if _fits_on_chip(cap_bits // 8) else 0
+        block, warps = config["BLOCK"], config["num_warps"]
+        per = _blocks_per_program(m, block,
+                                  config["PER_PROGRAM"] if (local_words or local_slots) else 1)
+        i64 = needs_int64(m)
+        _BITMAP_PROBE((dtype, m, cap_bits, log_t, local_words, local_slots, invert, block, per,
+                       i64, warps), (cdiv(m, block * per),),
+                      (x, params, bits, table, flag, out, m, cap_bits, log_t),
+                      lambda: dict(KEY_BITS=key_bits, LOCAL_WORDS=local_words,
+                                   LOCAL_SLOTS=local_slots, INVERT=invert, BLOCK=block,
+                                   BLOCKS_PER_PROGRAM=per, I64=i64, num_warps=warps))
+        return _finish(call, out)
+
+    def cost(self, call: IsinCall, model) -> Estimate:
+        return cost.bitmap(call, model, cap_bits=bitmap_capacity(call.n, call.elements.dtype),
+                           local_bytes=LOCAL_TABLE_BYTES)

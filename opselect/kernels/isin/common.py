@@ -1,0 +1,214 @@
+"""What several isin backends share: the order-keeping integer key of a value, the hash of a key,
+and the open-addressing hash set (insert, lookup, probe blocks) that hash and bitmap both use."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._common import cdiv
+
+
+# Tables at most this large are copied on chip by every program of the probe kernel.
+LOCAL_TABLE_BYTES = 32 * 1024
+
+
+# Slots per bucket of a table read through L2: a lookup reads its bucket in one access (16 bytes
+# of int32 keys, one memory sector). On-chip tables use single slots (a wider gather costs more).
+WIDE_BUCKET = tl.constexpr(4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _value_key(v):
+    """(key, nan): an integer of v's own width, equal for equal values and ordered as the values
+    are, made from the bits alone (no float operation, so no flush to zero). Floats: the
+    magnitude bits, negated for negative values (so -0.0 and +0.0 are both 0), and the largest
+    key for every NaN (torch.sort puts NaN last, whatever its sign); nan says which lanes are NaN,
+    which are never members. Integers are their own keys."""
+    if v.dtype == tl.float64:
+        bits = v.to(tl.int64, bitcast=True)
+        mag = bits & 0x7FFFFFFFFFFFFFFF
+        nan = mag > 0x7FF0000000000000
+        key = tl.where(nan, 0x7FFFFFFFFFFFFFFF, tl.where(bits < 0, -mag, mag))
+    elif v.dtype == tl.float32:
+        bits = v.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
+        nan = mag > 0x7F800000
+        key = tl.where(nan, 0x7FFFFFFF, tl.where(bits < 0, -mag, mag))
+    elif v.dtype == tl.float16:
+        bits = v.to(tl.int16, bitcast=True)
+        mag = bits & 0x7FFF
+        nan = mag > 0x7C00
+        key = tl.where(nan, 0x7FFF, tl.where(bits < 0, -mag, mag)).to(tl.int16)
+    elif v.dtype == tl.bfloat16:
+        bits = v.to(tl.int16, bitcast=True)
+        mag = bits & 0x7FFF
+        nan = mag > 0x7F80
+        key = tl.where(nan, 0x7FFF, tl.where(bits < 0, -mag, mag)).to(tl.int16)
+    else:
+        key = v
+        nan = v != v  # False: integers have no NaN
+    return key, nan
+
+
+@triton.jit
+def _to_key(v, KEY_BITS: tl.constexpr):
+    """(key, nan) with the key widened to KEY_BITS (the hash set's slots)."""
+    key, nan = _value_key(v)
+    # One return statement: the compiler rejects returns of different types in constexpr
+    # branches (the interpreter does not).
+    if KEY_BITS == 32:
+        wide = key.to(tl.int32)
+    else:
+        wide = key.to(tl.int64)
+    return wide, nan
+
+
+@triton.jit
+def _mul32(h, c):
+    """h * c mod 2**32 for uint32 h (signed multiply: the same bits, no 64-bit widening)."""
+    return (h.to(tl.int32, bitcast=True) * c).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _hash(key, log_t, KEY_BITS: tl.constexpr, MIX: tl.constexpr):
+    """A slot in [0, 2**log_t), after folding a 64-bit key's high word into the low one.
+
+    Integers: Fibonacci hashing (the top bits of key * 2**32 / phi), which spreads consecutive
+    keys (ids, narrow ranges) exactly evenly. Floats (MIX): murmur3's finaliser. The bits of
+    floats of small integers differ only in a few high bits, and Fibonacci hashing clusters them
+    (mean linear-probing displacement 0.61 slots for 1e6 floats of integers below 2e6 at load
+    1/4, against 0.12 with the finaliser; measured on the CPU)."""
+    if KEY_BITS == 64:
+        h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -2048144789)  # fold in the high word
+    else:
+        h = key
+    h = h.to(tl.uint32, bitcast=True)
+    h = h ^ (h >> 16)
+    if MIX:
+        h = _mul32(h, -2048144789)  # 0x85EBCA6B
+        h = h ^ (h >> 13)
+        h = _mul32(h, -1028477387)  # 0xC2B2AE35
+        h = h ^ (h >> 16)
+    else:
+        h = _mul32(h, -1640531535)  # 0x9E3779B1
+    return (h >> (32 - log_t)).to(tl.int32)
+
+
+@triton.jit
+def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
+                 KEY_BITS: tl.constexpr, BUCKET: tl.constexpr, MIX: tl.constexpr):
+    """Insert the values v (where ok) into the linear-probing table of 2**log_t keys; probing
+    starts at the first slot of the key's bucket of BUCKET slots.
+
+    Slots only grow, by atomic max: a key takes an empty slot (the key type's minimum) or pushes
+    out a smaller key, which then continues along its own probe sequence. No slot between a key's
+    home and its place is ever empty again, so lookups stay correct, and unlike compare-and-swap
+    (which has no mask in Triton) only the lanes still inserting touch memory."""
+    key, nan = _to_key(v, KEY_BITS)
+    empty = -(1 << (KEY_BITS - 1))
+    # The empty marker is the key type's minimum. Float keys never reach it (the most negative is
+    # -inf's, -(max magnitude)); an integer test set may contain it, which flag_ptr records (any
+    # value but the marker).
+    tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
+             mask=ok & (key == empty))
+    todo = ok & (key != empty) & ~nan  # NaN is never a member
+    slot = (_hash(key, log_t, KEY_BITS, MIX) // BUCKET) * BUCKET
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
+        # old == empty: placed. old == key: already there. old > key: that slot belongs to a
+        # larger key, try the next. empty < old < key: placed, and `old` was pushed out.
+        pushed = todo & (old != empty) & (old < key)
+        key = tl.where(pushed, old, key)
+        todo = todo & (old != empty) & (old != key) | pushed
+        slot = tl.where(todo, (slot + 1) & ((1 << log_t) - 1), slot)
+
+
+@triton.jit
+def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t,
+                 KEY_BITS: tl.constexpr, LOCAL: tl.constexpr, MIX: tl.constexpr):
+    """Membership of the values v in the table. LOCAL: `table` is the program's on-chip copy and
+    keys start at their own slot; otherwise at their bucket of WIDE_BUCKET slots."""
+    key, nan = _to_key(v, KEY_BITS)
+    empty = -(1 << (KEY_BITS - 1))
+    # (the flag is loaded as a vector: mixing a scalar bool into vector masks trips the interpreter)
+    found = (key == empty) & (tl.load(flag_ptr + tl.zeros(key.shape, tl.int32)) != empty)
+    todo = ok & (key != empty)
+    if LOCAL:
+        # The first probe, which settles most lanes, is a gather from the on-chip copy (Triton
+        # stages the table in shared memory for it).
+        slot = _hash(key, log_t, KEY_BITS, MIX)
+        seen = tl.gather(table, slot, 0)
+        found = found | (todo & (seen == key))
+        todo = todo & (seen != key) & (seen != empty)
+        slot = slot + 1
+    else:
+        # The key's whole bucket in one 16- or 32-byte load: at load factor <= 1/4 a bucket
+        # almost always holds the key or an empty slot.
+        home = tl.multiple_of((_hash(key, log_t, KEY_BITS, MIX) // WIDE_BUCKET) * WIDE_BUCKET,
+                              WIDE_BUCKET)
+        window = tl.load(table_ptr + home[:, None] + tl.arange(0, WIDE_BUCKET)[None, :],
+                         mask=todo[:, None], other=empty)
+        found = found | (todo & (tl.max((window == key[:, None]).to(tl.int32), axis=1) > 0))
+        todo = todo & ~found & (tl.max((window == empty).to(tl.int32), axis=1) == 0)
+        slot = home + WIDE_BUCKET
+    # Linear probing goes on until the key (a hit) or an empty slot (a miss), for the few lanes
+    # left, with masked loads (the table is hot in L1 / L2); a block waits for its longest probe.
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        slot = slot & ((1 << log_t) - 1)
+        seen = tl.load(table_ptr + slot, mask=todo, other=empty)
+        found = found | (todo & (seen == key))
+        todo = todo & (seen != key) & (seen != empty)
+        slot = slot + 1
+    return found & ~nan
+
+
+@triton.jit
+def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid,
+                       KEY_BITS: tl.constexpr, LOCAL_SLOTS: tl.constexpr,
+                       INVERT: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCKS_PER_PROGRAM: tl.constexpr, MIX: tl.constexpr):
+    """One program's blocks of elements looked up in the hash set. LOCAL_SLOTS > 0: the table
+    has that many slots (2**log_t) and is copied on chip, once for all the program's blocks."""
+    table = 0
+    if LOCAL_SLOTS > 0:
+        table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
+    for i in range(BLOCKS_PER_PROGRAM):
+        offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < M
+        v = tl.load(x_ptr + offs, mask=ok, other=0)
+        found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, KEY_BITS,
+                             LOCAL_SLOTS > 0, MIX)
+        tl.store(out_ptr + offs, found != INVERT, mask=ok)
+
+
+def _key_bits(dtype: torch.dtype) -> int:
+    return 64 if dtype.itemsize == 8 else 32
+
+
+def _hash_table_log(n: int, slots_per_key: int = 4) -> int:
+    """log2 of the table size: at least slots_per_key slots per test element (load factor at most
+    1/slots_per_key: short probe chains, and a block waits for its longest), at least 2**4."""
+    return max(4, (slots_per_key * n - 1).bit_length())
+
+
+def table_plan(n: int, key_bits: int, local: bool, slots_per_key: int = 4) -> tuple[int, int]:
+    """(log2 of the slots, slots held on chip or 0). On-chip tables come in two sizes only, a
+    quarter of LOCAL_TABLE_BYTES and all of it: the size is a compile-time constant, and a few
+    variants keep compilation rare; a roomier table only shortens the probes."""
+    log_t = _hash_table_log(n, slots_per_key)
+    most = LOCAL_TABLE_BYTES * 8 // key_bits
+    if not local or (1 << log_t) > most:
+        return log_t, 0
+    slots = most // 4 if (1 << log_t) <= most // 4 else most
+    return slots.bit_length() - 1, slots
+
+
+def _blocks_per_program(m: int, block: int, per: int) -> int:
+    """Several blocks per program amortise the on-chip copy of a table, but never more blocks
+    than there are."""
+    return max(1, min(per, cdiv(m, block)))

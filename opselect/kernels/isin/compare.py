@@ -1,0 +1,101 @@
+"""isin's compare backend: every element against every test element in one fused kernel."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...dispatch.backend import Backend, Estimate
+from ...heuristics import isin as cost
+from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
+from .call import IsinCall, _finish, _output, _trivial
+from .common import _value_key
+
+
+@triton.jit
+def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl.constexpr,
+                    TILE_N: tl.constexpr, UNROLL: tl.constexpr, I64: tl.constexpr):
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < M
+    x, x_nan = _value_key(tl.load(x_ptr + offs, mask=ok))
+    # Keys are equal exactly when the values are (-0.0 matches 0.0); NaN lanes are dropped last.
+    if TILE_N == 1 and UNROLL > 0:
+        # A tiny test set (N <= UNROLL): the loop is unrolled, so its scalar loads are independent
+        # straight-line code the compiler issues together, and a program waits for memory once
+        # instead of once per test element. Indices past N re-read the last test element, which
+        # changes no answer and needs no mask.
+        found = tl.zeros([BLOCK], dtype=tl.int1)
+        last = N - 1
+        for j in tl.static_range(UNROLL):
+            found = found | (x == _value_key(tl.load(t_ptr + tl.minimum(last, j)))[0])
+    elif TILE_N == 1:
+        # Many elements: each test element is one scalar load, the same address for every lane
+        # (a broadcast from L1), then one compare and one or per element.
+        found = tl.zeros([BLOCK], dtype=tl.int1)
+        for j in range(0, N):
+            found = found | (x == _value_key(tl.load(t_ptr + j))[0])
+    else:
+        # Few elements (few programs): a [BLOCK, TILE_N] tile of comparisons per step, so each
+        # program walks the test set TILE_N elements at a time instead of one.
+        hit = tl.zeros([BLOCK, TILE_N], dtype=tl.int1)
+        for start in range(0, N, TILE_N):
+            cols = start + tl.arange(0, TILE_N)
+            t = _value_key(tl.load(t_ptr + cols, mask=cols < N))[0]
+            hit = hit | ((x[:, None] == t[None, :]) & (cols < N)[None, :])
+        found = tl.max(hit.to(tl.int8), axis=1) > 0
+    found = found & ~x_nan
+    tl.store(out_ptr + offs, found != INVERT, mask=ok)
+
+
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
+# go straight to the compiled kernel. A spec is every integer argument, constexpr and the warps,
+# plus the dtype of the inputs (the other tensors' dtypes follow from it and the spec).
+_COMPARE = Launcher(_compare_kernel)
+
+
+class CompareBackend(Backend):
+    name = "compare"
+    MAX_N = 4096  # beyond this the O(M * N) work is never competitive; keep tuning short
+    # Test sets up to this size are walked by an unrolled loop (one compiled variant per power of
+    # two, so at most 7).
+    MAX_UNROLL = 64
+
+    def supports(self, call: IsinCall) -> str | None:
+        if call.n > self.MAX_N:
+            return f"test_elements has {call.n} elements; compare is for at most {self.MAX_N}"
+        return None
+
+    def configs(self, call: IsinCall) -> list[dict]:
+        streaming = [{"BLOCK": 2048, "TILE_N": 1, "num_warps": 8},
+                     {"BLOCK": 1024, "TILE_N": 1, "num_warps": 4}]
+        tiled = [{"BLOCK": 64, "TILE_N": 64, "num_warps": 4},
+                 {"BLOCK": 128, "TILE_N": 32, "num_warps": 4}]
+        # Too few blocks of 2048 to fill the GPU, and a test set worth splitting: tiles first.
+        if cdiv(call.m, 2048) < 4 * call.info.sm_count and call.n > 32:
+            return tiled + streaming
+        return streaming + tiled
+
+    def run(self, call: IsinCall, config) -> torch.Tensor:
+        done = _trivial(call)
+        if done is not None:
+            return done
+        x, t = flat(call.elements), flat(call.test)
+        out = _output(call)
+        block, tile_n, warps = config["BLOCK"], config["TILE_N"], config["num_warps"]
+        m, n, invert = call.m, call.n, call.invert
+        unroll = next_pow2(n) if n <= self.MAX_UNROLL else 0
+        i64 = needs_int64(m)
+        _COMPARE((x.dtype, m, n, invert, block, tile_n, unroll, i64, warps), (cdiv(m, block),),
+                 (x, t, out, m, n),
+                 lambda: dict(INVERT=invert, BLOCK=block, TILE_N=tile_n, UNROLL=unroll, I64=i64,
+                              num_warps=warps))
+        return _finish(call, out)
+
+    def cost(self, call: IsinCall, model) -> Estimate:
+        first = self.configs(call)[0]
+        return cost.compare(call, model, tile_n=first["TILE_N"], block=first["BLOCK"],
+                            unrolled=call.n <= self.MAX_UNROLL)

@@ -1,0 +1,65 @@
+"""permute's naive backend: one thread per output element, its source offset computed from the
+index (divmods over the simplified dims)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...heuristics import permute as cost
+from .._common import Launcher, cdiv, needs_int64
+from .call import MAX_DIMS, PermuteCall, _finish, _output, _trivial
+from .common import _TritonBackend, _offset, _padded, _units
+
+
+@triton.jit
+def _naive_kernel(src, dst, numel,
+                  n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7,
+                  ND: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    o = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = o < numel
+    s = _offset(o, n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7, ND)
+    if W == 1:
+        tl.store(dst + o, tl.load(src + s, mask=ok), mask=ok)
+    else:
+        # A 16-byte element is W = 2 int64 units: the pair is contiguous and starts at an even
+        # unit, which the [BLOCK, W] shape and the factor W make visible: one 16-byte access.
+        w = tl.arange(0, W)
+        v = tl.load(src + (s * W)[:, None] + w[None, :], mask=ok[:, None])
+        tl.store(dst + (o * W)[:, None] + w[None, :], v, mask=ok[:, None])
+
+
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
+# go straight to the compiled kernel. A spec is the unit dtype (which fixes both pointers'), every
+# integer argument, the constexprs and the warps.
+_NAIVE = Launcher(_naive_kernel)
+
+
+class NaiveBackend(_TritonBackend):
+    name = "naive"
+    estimate = staticmethod(cost.naive)
+
+    def configs(self, call: PermuteCall) -> list[dict]:
+        return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8},
+                {"BLOCK": 512, "num_warps": 4}]
+
+    def run(self, call: PermuteCall, config) -> torch.Tensor:
+        done = _trivial(call)
+        if done is not None:
+            return done
+        unit, w = call.unit, call.W
+        src = _units(call.input, unit)
+        out = _output(call)
+        dst = _units(out, unit)
+        sizes, strides = call.sizes or [1], call.strides or [1]
+        n = call.numel * call.input.element_size() // call.esize
+        block = config["BLOCK"]
+        ints = (n, *_padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS))
+        nd, i64, warps = len(sizes), needs_int64(n * w, call.span * w), config["num_warps"]
+        _NAIVE((src.dtype, ints, nd, w, block, i64, warps), (cdiv(n, block),), (src, dst, *ints),
+               lambda: dict(ND=nd, W=w, BLOCK=block, I64=i64, num_warps=warps))
+        return _finish(call, out)

@@ -1,0 +1,100 @@
+"""permute's vectorized backend: calls whose last dim stays in place copy contiguous runs."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...heuristics import permute as cost
+from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .call import MAX_DIMS, PermuteCall, _finish, _output, _trivial
+from .common import _TritonBackend, _offset, _padded, _tiles_per_program, _units
+
+
+@triton.jit
+def _runs_kernel(src, dst, R, L, n_cb,
+                 n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7,
+                 ND: tl.constexpr, ROWS: tl.constexpr, BLOCK_L: tl.constexpr,
+                 TPP: tl.constexpr, EVEN_L: tl.constexpr, VEC: tl.constexpr,
+                 I64: tl.constexpr):
+    """R runs of L contiguous units: run r starts at input offset _offset(r) (outer dims n/t,
+    innermost first) and output offset r * L. A tile is ROWS runs x BLOCK_L units; each program
+    copies TPP consecutive tiles (column blocks fastest), TPP dividing the tile count."""
+    pid = tl.program_id(0)
+    for k in range(TPP):
+        t = pid * TPP + k
+        rb = t // n_cb
+        cb = t - rb * n_cb
+        if I64:
+            rb = rb.to(tl.int64)
+            cb = cb.to(tl.int64)
+        r = rb * ROWS + tl.arange(0, ROWS)
+        ok_r = r < R
+        if ND == 0:
+            row_in = r * 0
+        else:
+            row_in = _offset(r, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7, 1, 0,
+                             ND)
+        # Every run starts at a multiple of VEC units (the host checked the strides): with it
+        # the compiler emits 16-byte accesses even though the row offsets are data.
+        row_in = tl.multiple_of(row_in, VEC)
+        row_out = tl.multiple_of(r * L, VEC)
+        c = cb * BLOCK_L + tl.arange(0, BLOCK_L)
+        if EVEN_L:
+            mask = ok_r[:, None]
+        else:
+            mask = ok_r[:, None] & (c < L)[None, :]
+        v = tl.load(src + row_in[:, None] + c[None, :], mask=mask)
+        tl.store(dst + row_out[:, None] + c[None, :], v, mask=mask)
+
+
+_RUNS = Launcher(_runs_kernel)
+
+
+class VectorizedBackend(_TritonBackend):
+    name = "vectorized"
+    estimate = staticmethod(cost.vectorized)
+
+    def supports(self, call: PermuteCall) -> str | None:
+        if call.kind not in ("keep", "empty", "other"):
+            return (f"the last dim moves ({call.kind}: simplified sizes {tuple(call.sizes)}, "
+                    f"strides {tuple(call.strides)}); vectorized copies runs that stay contiguous")
+        return super().supports(call)
+
+    def configs(self, call: PermuteCall) -> list[dict]:
+        big = call.numel * call.input.element_size() >= (64 << 20)
+        return [{"TILE_BYTES": 16384, "num_warps": 4, "TPP": 2 if big else 1},
+                {"TILE_BYTES": 32768, "num_warps": 8, "TPP": 1},
+                {"TILE_BYTES": 8192, "num_warps": 4, "TPP": 4 if big else 2},
+                {"TILE_BYTES": 16384, "num_warps": 8, "TPP": 1}]
+
+    def run(self, call: PermuteCall, config) -> torch.Tensor:
+        done = _trivial(call)
+        if done is not None:
+            return done
+        unit, w = call.unit, call.W
+        src = _units(call.input, unit)
+        out = _output(call)
+        dst = _units(out, unit)
+        sizes, strides = call.sizes or [1], call.strides or [1]
+        lu = sizes[-1] * w  # units per run
+        rows = call.numel * call.input.element_size() // call.esize // sizes[-1]
+        tile = max(1, config["TILE_BYTES"] // unit)
+        block_l = min(next_pow2(lu), tile)
+        low = lu & -lu
+        if lu % block_l and low * unit >= 256:
+            block_l = low  # whole column blocks: no column mask, full vectors
+        block_r = max(1, min(tile // block_l, next_pow2(rows)))
+        n_cb = cdiv(lu, block_l)
+        n_tiles = cdiv(rows, block_r) * n_cb
+        tpp = _tiles_per_program(config["TPP"], n_tiles)
+        outer = list(zip(reversed(sizes[:-1]), (t * w for t in reversed(strides[:-1]))))
+        ints = (rows, lu, n_cb, *_padded(outer, MAX_DIMS - 1))
+        nd, even, warps = len(outer), lu % block_l == 0, config["num_warps"]
+        i64 = needs_int64(rows * lu + tile, call.span * w + tile)
+        _RUNS((src.dtype, ints, nd, block_r, block_l, tpp, w, i64, warps), (n_tiles // tpp,),
+              (src, dst, *ints),
+              lambda: dict(ND=nd, ROWS=block_r, BLOCK_L=block_l, TPP=tpp, EVEN_L=even, VEC=w,
+                           I64=i64, num_warps=warps))
+        return _finish(call, out)

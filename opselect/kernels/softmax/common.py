@@ -1,0 +1,271 @@
+"""What several softmax backends share: accumulation and casts (jit helpers), the rows kernel
+that fused and multirow both launch, and the host arithmetic of warps, residency and grids."""
+
+from __future__ import annotations
+
+import math
+import torch
+import triton
+import triton.language as tl
+
+from ...dispatch.device import INTERPRETED
+from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .call import SoftmaxCall
+
+
+# Widest row the multirow backend packs into tiles.
+MULTIROW_MAX = 256
+
+
+# Most elements a program of the strided / backward kernels holds in registers at once.
+TILE_MAX = 16384
+
+
+# Programs take several tiles only when there are at least WAVES times more tiles than programs
+# that can run at once: the GPU schedules programs as slots free up, so the time lost at the end
+# (at most one program's duration) stays a small fraction even if the occupancy guess is off.
+WAVES = 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _acc(v, F64: tl.constexpr):
+    """The accumulation type: float64 for float64 outputs, else float32 (as torch's accscalar_t)."""
+    if F64:
+        r = v.to(tl.float64)
+    else:
+        r = v.to(tl.float32)
+    return r
+
+
+@triton.jit
+def _online_step(m, s, x):
+    """Fold x into the per-lane running max m and sum s (of exp(. - m)), with one exp per element:
+    exactly one of exp(m_old - m_new) and exp(x - m_new) differs from 1, and both are
+    exp(-|x - m|)."""
+    m_new = tl.maximum(m, x)
+    bigger = x > m
+    e = tl.exp(tl.where(bigger, m - x, x - m))
+    # x = -inf adds exactly nothing (and -inf - -inf would be NaN). A lane still at m = -inf has
+    # s = 0, and s * exp(-inf) + 1 = 1. NaN must still reach the sum: the max ignores NaN (maxnum
+    # on the GPU), but x - m is NaN. +inf makes the lane's max +inf, and the merge's
+    # exp(inf - inf) makes the sum NaN. So a row with NaN or +inf comes out NaN, as in torch.
+    s = tl.where(x == float("-inf"), s, tl.where(bigger, s * e + 1.0, s + e))
+    return m_new, s
+
+
+@triton.jit
+def _merge(m, s, AXIS: tl.constexpr):
+    """Combine per-lane (max, sum) pairs along AXIS into the row's (max, sum), dims kept."""
+    big = tl.max(m, axis=AXIS, keep_dims=True)
+    # Lanes with s == 0 saw only -inf (their m - big may be NaN); NaN sums stay NaN.
+    part = tl.where(s == 0.0, 0.0, s * tl.exp(m - big))
+    return big, tl.sum(part, axis=AXIS, keep_dims=True)
+
+
+#: Triton's interpreter converts float32 to bfloat16 by truncation (toward zero; the GPU rounds
+#: to nearest even, as torch does): log_softmax of OpInfo's bfloat16 samples came out one unit
+#: in the last place from torch's, and farther from the exact answer. Under the interpreter
+#: _cast_for rounds by hand; compiled kernels keep the hardware conversion.
+_ROUND_BF16_BY_HAND = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def _bf16_nearest_even(v):
+    """float32 -> bfloat16, rounded to nearest even on the bits (NaN stays a quiet NaN)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    rounded = tl.where(v != v, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _cast_for(v, ptr):
+    """v in the dtype `ptr` points to. float64 reaches bfloat16 through float32, as torch
+    converts (c10's BFloat16 is built from a float), and as Triton's interpreter needs (its
+    direct float64 -> bfloat16 conversion gives garbage: softmax(bf16 x, dtype=float64)'s
+    gradient was off by 0.25)."""
+    if v.dtype == tl.float64:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            v = v.to(tl.float32)
+    if _ROUND_BF16_BY_HAND:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            if v.dtype == tl.float32:
+                return _bf16_nearest_even(v)
+    return v.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def _finish(x, big, total, LOG: tl.constexpr):
+    """softmax = exp(x - max) / sum, log_softmax = (x - max) - log(sum). A row of -inf has
+    max = -inf, so x - max is NaN there, as in torch."""
+    z = x - big
+    if LOG:
+        out = z - tl.log(total)
+    else:
+        out = tl.exp(z) * (1.0 / total)
+    return out
+
+
+@triton.jit
+def _row_and_part(index, split, I64: tl.constexpr):
+    """The row and the part of it that program `index` takes when rows are split in `split`."""
+    row = index // split
+    part = index % split
+    if I64:
+        row = row.to(tl.int64)
+        part = part.to(tl.int64)
+    return row, part
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: forward
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
+                     ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, I64: tl.constexpr):
+    """fused (BLOCK_R = 1) and multirow: whole rows in registers, one read and one write.
+
+    N and the row strides arrive divided by ALIGN, their common power-of-two factor (<= 16), and are
+    multiplied back here: the compiler then knows every row starts ALIGN-aligned and that the column
+    mask is constant over ALIGN-wide groups, so it emits 16-byte vector accesses even when N is not
+    a multiple of 16 (Triton only assumes divisibility by 16 of integer arguments)."""
+    N = n_q * ALIGN
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    # The loop over this program's tiles is software-pipelined: the next tile's load is issued
+    # before the current tile's reductions.
+    for i in tl.range(0, tiles_per_program, num_stages=NUM_STAGES):
+        tile = pid * tiles_per_program + i
+        if I64:
+            tile = tile.to(tl.int64)
+        rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        mask = rows[:, None] < R
+        if not EVEN_N:
+            mask = mask & (cols[None, :] < N)
+        x = tl.load(x_ptr + (rows * sx_q * ALIGN)[:, None] + cols[None, :], mask=mask,
+                    other=float("-inf"))
+        x = _acc(x, F64)
+        big = tl.max(x, axis=1, keep_dims=True)
+        z = x - big
+        e = tl.exp(z)
+        total = tl.sum(e, axis=1, keep_dims=True)
+        if LOG:
+            out = z - tl.log(total)
+        else:
+            out = e * (1.0 / total)
+        tl.store(y_ptr + (rows * sy_q * ALIGN)[:, None] + cols[None, :],
+                 _cast_for(out, y_ptr), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch helpers
+# ---------------------------------------------------------------------------------------------
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
+# go straight to the compiled kernel. A spec is the input and output dtypes (the scratch tensors'
+# follow from F64), every integer argument, the constexprs and the warps. LAUNCHERS names them by
+# kernel, for tests that watch the launches.
+_ROWS_FWD = Launcher(_rows_fwd_kernel)
+
+
+def _align(*values: int) -> int:
+    """The largest power of two (<= 16) dividing every value."""
+    a = 16
+    for v in values:
+        while a > 1 and v % a:
+            a //= 2
+    return a
+
+
+def _warps(elements: int) -> int:
+    """About 16 elements per thread (loads in flight without spilling registers): one warp for
+    512 elements, 16 from 8192 up."""
+    return max(1, min(16, next_pow2(elements) // 512))
+
+
+def _resident(sm_count: int, warps: int, elements: int, f64: bool) -> int:
+    """A guess at how many programs run at once: limited by warps (64 per SM) and registers (64K
+    per SM). Registers per thread ~ 24 + 1.25 per 32-bit value held (fitted to ptxas's counts for
+    these kernels on sm_90)."""
+    per_thread = elements / (warps * 32) * (2 if f64 else 1)
+    regs = min(255, 8 * math.ceil((24 + 1.25 * per_thread) / 8))
+    per_sm = max(1, min(64 // warps, 65536 // (regs * 32 * warps), 16))
+    return sm_count * per_sm
+
+
+def _tiles_per_program(tiles: int, resident: int) -> int:
+    return max(1, min(64, tiles // max(1, WAVES * resident)))
+
+
+def _operand(call: SoftmaxCall) -> tuple[torch.Tensor, int, int]:
+    """The tensor the kernels read, with its (outer, dim) strides (inner stride 1)."""
+    x = call.x.detach()
+    if call.cast_first:
+        x = x.to(call.out_dtype, memory_format=torch.contiguous_format)
+    if call.fast:
+        return x, call.so, call.sn
+    x = x.contiguous()
+    return x, call.n * call.inner, call.inner
+
+
+def _new(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Every tensor the kernels write (tests replace it with one that poisons the memory)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _empty_out(call: SoftmaxCall) -> torch.Tensor:
+    return _new(call.x.shape, call.out_dtype, call.x.device)
+
+
+def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch.Tensor:
+    x, sx, _ = _operand(call)
+    y = _empty_out(call)
+    n, rows = call.n, call.outer
+    bn = next_pow2(n)
+    block_r = max(1, min(block_r, TILE_MAX // bn, next_pow2(rows)))
+    tiles = cdiv(rows, block_r)
+    resident = _resident(call.info.sm_count, warps, block_r * bn, call.f64)
+    per = _tiles_per_program(tiles, resident)
+    a = _align(n, sx)
+    ints = (rows, n // a, sx // a, n // a, per)
+    log, f64, stages = call.log, call.f64, stages if per > 1 else 1
+    i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
+    _ROWS_FWD((x.dtype, y.dtype, ints, a, log, f64, block_r, bn, stages, i64, warps),
+              (cdiv(tiles, per),), (x, y, *ints),
+              lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r, BLOCK_N=bn,
+                           EVEN_N=bn == n, NUM_STAGES=stages, I64=i64, num_warps=warps))
+    return y
+
+
+def _strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
+                  block_i: int | None = None, tile: int = TILE_MAX) -> tuple[int, int, bool]:
+    """(BLOCK_I, BLOCK_N, SINGLE) for a [dim x inner] reduction along axis 0: BLOCK_I inner columns
+    per program, and the whole dim in registers (SINGLE) when BLOCK_N x BLOCK_I fits in `tile`."""
+    pn = next_pow2(n)
+    # Row segments of 128 bytes (a cache line) by default, at most 2 KB; down to 32 bytes (a
+    # sector, still fully used) when that keeps the whole dim in registers or gives every SM work.
+    wide_i = max(1, min(next_pow2(inner), 128 // itemsize))
+    min_i = max(1, min(next_pow2(inner), 32 // itemsize))
+    if block_i is None:
+        block_i = min(next_pow2(inner), 2048 // itemsize, max(wide_i, tile // pn))
+        if pn * block_i > tile and tile // pn >= min_i:
+            block_i = tile // pn  # one read instead of two, with shorter segments
+        while block_i > min_i and outer * cdiv(inner, block_i) < 2 * sm_count:
+            block_i //= 2
+    block_i = max(1, min(block_i, next_pow2(inner)))
+    if pn * block_i <= tile:
+        return block_i, pn, True
+    # Chunks of the dim: the loop keeps a running max and sum per lane, so a chunk is a quarter
+    # of the tile (state, the chunk and its exponentials share the registers).
+    return block_i, max(1, min(pn, tile // (4 * block_i))), False
+
+
+def _rows_reason(call: SoftmaxCall) -> str | None:
+    if call.inner != 1:
+        return (f"the softmax dim is not the innermost ({call.inner} elements follow it); "
+                "strided takes that layout")
+    return None

@@ -1,0 +1,299 @@
+"""softmax's online backend: rows too long for registers, a running max and sum per lane, split
+over programs (two launches, or one cooperative launch) when rows are few."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...dispatch.backend import Backend, Estimate
+from ...heuristics import softmax as cost
+from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .autograd import _run
+from .call import SoftmaxCall
+from .common import (_acc, _align, _cast_for, _empty_out, _finish, _merge, _online_step, _operand,
+                     _row_and_part, _rows_reason)
+
+
+# online takes rows longer than this (shorter ones are the fused and multirow backends' job).
+ONLINE_MIN = 1024
+
+
+@triton.jit
+def _online_fwd_kernel(x_ptr, y_ptr, n_q, sx_q, sy_q,
+                       ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
+                       BLOCK_N: tl.constexpr, I64: tl.constexpr):
+    """online, one program per row: a running (max, sum) pass, then a normalising pass."""
+    N = n_q * ALIGN
+    row = tl.program_id(0)
+    if I64:
+        row = row.to(tl.int64)
+    x_row = x_ptr + row * sx_q * ALIGN
+    y_row = y_ptr + row * sy_q * ALIGN
+    cols = tl.arange(0, BLOCK_N)
+    m = _acc(tl.full([BLOCK_N], float("-inf"), tl.float32), F64)
+    s = _acc(tl.zeros([BLOCK_N], tl.float32), F64)
+    for start in range(0, N, BLOCK_N):
+        offs = start + cols
+        x = _acc(tl.load(x_row + offs, mask=offs < N, other=float("-inf")), F64)
+        m, s = _online_step(m, s, x)
+    big, total = _merge(m, s, 0)
+    # Backwards: the chunks read last by the first pass are the likeliest to still be in L2.
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    for i in range(0, n_chunks):
+        offs = (n_chunks - 1 - i) * BLOCK_N + cols
+        mask = offs < N
+        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
+        tl.store(y_row + offs, _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
+
+
+@triton.jit
+def _split_stats_kernel(x_ptr, m_ptr, s_ptr, n_q, sx_q, chunk, split,
+                        ALIGN: tl.constexpr, F64: tl.constexpr, BLOCK_N: tl.constexpr,
+                        I64: tl.constexpr):
+    """online with SPLIT > 1, step 1: (max, sum) of one chunk of one row. chunk is a multiple
+    of BLOCK_N."""
+    N = n_q * ALIGN
+    pid = tl.program_id(0)
+    row, part = _row_and_part(pid, split, I64)
+    x_row = x_ptr + row * sx_q * ALIGN
+    first = part * chunk
+    cols = tl.arange(0, BLOCK_N)
+    m = _acc(tl.full([BLOCK_N], float("-inf"), tl.float32), F64)
+    s = _acc(tl.zeros([BLOCK_N], tl.float32), F64)
+    for start in range(0, chunk, BLOCK_N):
+        offs = first + start + cols
+        x = _acc(tl.load(x_row + offs, mask=offs < N, other=float("-inf")), F64)
+        m, s = _online_step(m, s, x)
+    big, total = _merge(m, s, 0)
+    one = tl.arange(0, 1)
+    tl.store(m_ptr + pid + one, big)
+    tl.store(s_ptr + pid + one, total)
+
+
+@triton.jit
+def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split,
+                       ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
+                       SPLIT_POW2: tl.constexpr, BLOCK_N: tl.constexpr, I64: tl.constexpr):
+    """online with SPLIT > 1, step 2: combine the row's chunk statistics, normalise one chunk."""
+    N = n_q * ALIGN
+    # Reverse program order (and reverse chunk order inside): the data the stats kernel read last
+    # is still in L2.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    row, part = _row_and_part(pid, split, I64)
+    k = tl.arange(0, SPLIT_POW2)
+    pm = tl.load(m_ptr + row * split + k, mask=k < split, other=float("-inf"))
+    ps = tl.load(s_ptr + row * split + k, mask=k < split, other=0.0)
+    big, total = _merge(pm, ps, 0)
+    x_row = x_ptr + row * sx_q * ALIGN
+    y_row = y_ptr + row * sy_q * ALIGN
+    cols = tl.arange(0, BLOCK_N)
+    last = part * chunk + chunk - BLOCK_N
+    for start in range(0, chunk, BLOCK_N):
+        offs = last - start + cols
+        mask = offs < N
+        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
+        tl.store(y_row + offs, _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
+
+
+@triton.jit
+def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, rows,
+                     ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
+                     CHUNK: tl.constexpr, SPLIT_POW2: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+                     FALLBACK_BLOCK: tl.constexpr, I64: tl.constexpr):
+    """online, cooperative: `split` programs share a row, each holding one CHUNK of it in
+    registers. Each publishes its chunk's (max, sum), waits for the row's other chunks, merges
+    and normalises its registers: one read and one write of the row, in one launch.
+
+    Chunks are handed out by ticket (an atomic counter), not by program id, so they go to
+    programs in the order the programs start: a program that waits holds the last ticket taken
+    so far of its row, and the row's remaining tickets go to programs that are running or start
+    next. At least `split` programs run at once (split <= SM count), so the wait ends. If it ever
+    does not (SPIN_LIMIT polls: another kernel holding the SMs, or the interpreter, which runs
+    programs one by one), the program reads its whole row to compute the statistics itself:
+    slower, never wrong and never hung."""
+    N = n_q * ALIGN
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    row, part = _row_and_part(ticket, split, I64)
+    x_row = x_ptr + row * sx_q * ALIGN
+    y_row = y_ptr + row * sy_q * ALIGN
+    offs = part * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < N
+    x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
+    big = tl.max(x, axis=0)
+    # -inf lanes add nothing (an all -inf chunk has big = -inf, and -inf - -inf would be NaN).
+    total = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - big)), axis=0)
+    one = tl.arange(0, 1)
+    slot = row * split + part
+    tl.store(part_ptr + slot + one, big + tl.zeros([1], big.dtype))
+    tl.store(part_ptr + rows * split + slot + one, total + tl.zeros([1], total.dtype))
+    tl.debug_barrier()  # every thread's stores precede the release below
+    counter = sync_ptr + 1 + row
+    tl.atomic_add(counter, 1, sem="release")
+    arrived = tl.atomic_add(counter, 0, sem="acquire")
+    polls = tl.full([], 0, tl.int32)
+    while (arrived < split) & (polls < SPIN_LIMIT):
+        arrived = tl.atomic_add(counter, 0, sem="acquire")
+        polls += 1
+    if arrived >= split:
+        k = tl.arange(0, SPLIT_POW2)
+        used = k < split
+        pm = tl.load(part_ptr + row * split + k, mask=used, other=float("-inf"),
+                     cache_modifier=".cg")
+        ps = tl.load(part_ptr + rows * split + row * split + k, mask=used, other=0.0,
+                     cache_modifier=".cg")
+        row_max, row_sum = _merge(pm, ps, 0)
+    else:
+        # (a narrower block than the chunk: x stays live in registers meanwhile)
+        cols = tl.arange(0, FALLBACK_BLOCK)
+        m = _acc(tl.full([FALLBACK_BLOCK], float("-inf"), tl.float32), F64)
+        t = _acc(tl.zeros([FALLBACK_BLOCK], tl.float32), F64)
+        for start in range(0, N, FALLBACK_BLOCK):
+            o = start + cols
+            m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
+                                           F64))
+        row_max, row_sum = _merge(m, t, 0)
+    tl.store(y_row + offs, _cast_for(_finish(x, row_max, row_sum, LOG), y_ptr),
+             mask=mask)
+
+
+_ONLINE_FWD = Launcher(_online_fwd_kernel)
+
+
+_SPLIT_STATS = Launcher(_split_stats_kernel)
+
+
+_SPLIT_NORM = Launcher(_split_norm_kernel)
+
+
+_COOP_FWD = Launcher(_coop_fwd_kernel)
+
+
+# A cooperative row has at most this many chunks (a program each, all running at once).
+COOP_MAX_SPLIT = 64
+
+
+COOP_SPIN_LIMIT = 1 << 20
+
+
+def coop_split(call: SoftmaxCall, chunk: int) -> int | None:
+    """Programs per row of the cooperative kernel with chunks of `chunk`, or None if the row
+    needs more than may be relied on to run at once (one per SM; the interpreter runs them one
+    by one whatever the count)."""
+    split = cdiv(call.n, chunk)
+    limit = COOP_MAX_SPLIT if call.info.interpreted else min(COOP_MAX_SPLIT, call.info.sm_count)
+    return split if 1 < split <= limit else None
+
+
+def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
+    x, sx, _ = _operand(call)
+    y = _empty_out(call)
+    n, rows = call.n, call.outer
+    split = coop_split(call, chunk)
+    if split is None:
+        # A cached config of this shape bucket, for a row this chunk size does not suit.
+        block = 2048 if call.f64 else 4096
+        return _online_fwd(call, block, 8, OnlineBackend.split_for(call, block, call.info.sm_count))
+    a = _align(n, sx)
+    acc = torch.float64 if call.f64 else torch.float32
+    partials = torch.empty(2 * rows * split, dtype=acc, device=x.device)  # maxima, then sums
+    sync = torch.zeros(1 + rows, dtype=torch.int32, device=x.device)  # ticket, arrivals per row
+    ints = (n // a, sx // a, n // a, split, rows)
+    log, f64 = call.log, call.f64
+    spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
+    fallback = min(chunk, 64 * 32 * warps // 16)
+    i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
+    _COOP_FWD((x.dtype, y.dtype, ints, a, log, f64, chunk, spin, fallback, i64, warps),
+              (rows * split,), (x, y, partials, sync, *ints),
+              lambda: dict(ALIGN=a, LOG=log, F64=f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
+                           SPIN_LIMIT=spin, FALLBACK_BLOCK=fallback, I64=i64, num_warps=warps))
+    return y
+
+
+def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int) -> torch.Tensor:
+    x, sx, _ = _operand(call)
+    y = _empty_out(call)
+    n, rows = call.n, call.outer
+    block = min(block, next_pow2(n))
+    split = max(1, min(split, cdiv(n, block)))
+    a = _align(n, sx)
+    i64 = needs_int64(call.numel + split * block, rows * sx + n)
+    log, f64 = call.log, call.f64
+    if split == 1:
+        ints = (n // a, sx // a, n // a)
+        _ONLINE_FWD((x.dtype, y.dtype, ints, a, log, f64, block, i64, warps), (rows,),
+                    (x, y, *ints),
+                    lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=block, I64=i64,
+                                 num_warps=warps))
+        return y
+    chunk = cdiv(cdiv(n, split), block) * block
+    split = cdiv(n, chunk)
+    acc = torch.float64 if call.f64 else torch.float32
+    m = torch.empty(rows * split, dtype=acc, device=x.device)
+    s = torch.empty(rows * split, dtype=acc, device=x.device)
+    stats = (n // a, sx // a, chunk, split)
+    _SPLIT_STATS((x.dtype, stats, a, f64, block, i64, warps), (rows * split,),
+                 (x, m, s, *stats),
+                 lambda: dict(ALIGN=a, F64=f64, BLOCK_N=block, I64=i64, num_warps=warps))
+    norm = (n // a, sx // a, n // a, chunk, split)
+    _SPLIT_NORM((x.dtype, y.dtype, norm, a, log, f64, block, i64, warps), (rows * split,),
+                (x, y, m, s, *norm),
+                lambda: dict(ALIGN=a, LOG=log, F64=f64, SPLIT_POW2=next_pow2(split),
+                             BLOCK_N=block, I64=i64, num_warps=warps))
+    return y
+
+
+class OnlineBackend(Backend):
+    name = "online"
+
+    def supports(self, call: SoftmaxCall) -> str | None:
+        reason = _rows_reason(call)
+        if reason is None and call.n <= ONLINE_MIN:
+            reason = (f"rows of {call.n} elements fit in registers; online is for rows longer "
+                      f"than {ONLINE_MIN}")
+        return reason
+
+    @staticmethod
+    def split_for(call: SoftmaxCall, block: int, sm_count: int) -> int:
+        """Programs per row: enough programs for two per SM, chunks of at least 4 blocks."""
+        if call.outer >= 2 * sm_count:
+            return 1
+        return max(1, min(cdiv(2 * sm_count, max(call.outer, 1)), cdiv(call.n, 4 * block)))
+
+    @staticmethod
+    def coop_configs(call: SoftmaxCall) -> list[dict]:
+        """Cooperative rows (one read): chunks of 32 or 16 values per thread of 16 warps."""
+        wide = 2 if call.f64 else 1
+        shapes = ((16384, 16), (8192, 8), (8192, 16), (4096, 4))  # (chunk, warps)
+        return [{"COOP_CHUNK": c // wide, "num_warps": w} for c, w in shapes
+                if coop_split(call, c // wide)]
+
+    def configs(self, call: SoftmaxCall) -> list[dict]:
+        block = 2048 if call.f64 else 4096
+        split = self.split_for(call, block, call.info.sm_count)
+        cfgs = self.coop_configs(call) + [
+            {"BLOCK_N": block, "num_warps": 8, "SPLIT": split},
+            {"BLOCK_N": 2 * block, "num_warps": 16, "SPLIT": split}]
+        if split > 1:
+            cfgs.append({"BLOCK_N": block, "num_warps": 8, "SPLIT": max(1, split // 2)})
+            cfgs.append({"BLOCK_N": block, "num_warps": 8, "SPLIT": 2 * split})
+        else:
+            cfgs.append({"BLOCK_N": block // 2, "num_warps": 4, "SPLIT": 1})
+        return cfgs
+
+    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
+        if "COOP_CHUNK" in config:
+            return _run(call, lambda c: _coop_fwd(c, config["COOP_CHUNK"], config["num_warps"]))
+        return _run(call, lambda c: _online_fwd(c, config["BLOCK_N"], config["num_warps"],
+                                                config["SPLIT"]))
+
+    def cost(self, call: SoftmaxCall, model) -> Estimate:
+        coop = self.coop_configs(call)
+        if coop:
+            return cost.online(call, model, split=coop_split(call, coop[0]["COOP_CHUNK"]),
+                               cooperative=True)
+        cfg = self.configs(call)[0]
+        split = max(1, min(self.split_for(call, cfg["BLOCK_N"], model.sm_count),
+                           cdiv(call.n, cfg["BLOCK_N"])))
+        return cost.online(call, model, split=split)

@@ -1,0 +1,124 @@
+"""softmax's strided backend: softmax over a non-innermost dim without a transpose copy."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...dispatch.backend import Backend, Estimate
+from ...heuristics import softmax as cost
+from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .autograd import _run
+from .call import SoftmaxCall
+from .common import (TILE_MAX, _acc, _align, _cast_for, _empty_out, _finish, _merge, _online_step,
+                     _operand, _strided_plan, _warps)
+
+
+@triton.jit
+def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
+                        ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, SINGLE: tl.constexpr,
+                        I64: tl.constexpr):
+    """strided: x viewed as (outer, N, inner) with inner contiguous; the output is contiguous.
+
+    A program owns BLOCK_I consecutive inner columns of one outer index: every load is a row of
+    BLOCK_I contiguous elements (coalesced, vectorised), and the reduction runs along axis 0 of the
+    [BLOCK_N x BLOCK_I] tile, so no transpose copy is needed."""
+    inner = inner_q * ALIGN
+    pid = tl.program_id(0)
+    o = pid // n_iblocks
+    ib = pid % n_iblocks
+    r = tl.arange(0, BLOCK_N)
+    if I64:
+        o = o.to(tl.int64)
+        r = r.to(tl.int64)
+    cols = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    cmask = cols[None, :] < inner
+    x_base = x_ptr + o * sxo_q * ALIGN + cols[None, :]
+    y_base = y_ptr + o * N * inner + cols[None, :]
+    if SINGLE:
+        mask = (r[:, None] < N) & cmask
+        x = _acc(tl.load(x_base + (r * sxn_q * ALIGN)[:, None], mask=mask, other=float("-inf")),
+                 F64)
+        big = tl.max(x, axis=0, keep_dims=True)
+        z = x - big
+        e = tl.exp(z)
+        total = tl.sum(e, axis=0, keep_dims=True)
+        if LOG:
+            out = z - tl.log(total)
+        else:
+            out = e * (1.0 / total)
+        tl.store(y_base + (r * inner)[:, None], _cast_for(out, y_ptr), mask=mask)
+    else:
+        m = _acc(tl.full([BLOCK_N, BLOCK_I], float("-inf"), tl.float32), F64)
+        s = _acc(tl.zeros([BLOCK_N, BLOCK_I], tl.float32), F64)
+        for start in range(0, N, BLOCK_N):
+            rr = start + r
+            mask = (rr[:, None] < N) & cmask
+            x = _acc(tl.load(x_base + (rr * sxn_q * ALIGN)[:, None], mask=mask,
+                             other=float("-inf")), F64)
+            m, s = _online_step(m, s, x)
+        big, total = _merge(m, s, 0)
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        for i in range(0, n_chunks):
+            rr = (n_chunks - 1 - i) * BLOCK_N + r
+            mask = (rr[:, None] < N) & cmask
+            x = _acc(tl.load(x_base + (rr * sxn_q * ALIGN)[:, None], mask=mask,
+                             other=float("-inf")), F64)
+            tl.store(y_base + (rr * inner)[:, None],
+                     _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
+
+
+_STRIDED_FWD = Launcher(_strided_fwd_kernel)
+
+
+def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) -> torch.Tensor:
+    x, so, sn = _operand(call)
+    y = _empty_out(call)
+    n, inner, outer = call.n, call.inner, call.outer
+    bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, call.info.sm_count, block_i,
+                                   tile)
+    warps = min(32, _warps(bi * bn) * warp_scale)
+    n_ib = cdiv(inner, bi)
+    a = _align(inner, so, sn)
+    ints = (n, inner // a, n_ib, so // a, sn // a)
+    log, f64 = call.log, call.f64
+    i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
+    _STRIDED_FWD((x.dtype, y.dtype, ints, a, log, f64, bn, bi, single, i64, warps),
+                 (outer * n_ib,), (x, y, *ints),
+                 lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=bn, BLOCK_I=bi, SINGLE=single,
+                              I64=i64, num_warps=warps))
+    return y
+
+
+class StridedBackend(Backend):
+    name = "strided"
+
+    def supports(self, call: SoftmaxCall) -> str | None:
+        if call.inner == 1:
+            return "the softmax dim is the innermost; fused, multirow or online take rows"
+        return None
+
+    def configs(self, call: SoftmaxCall) -> list[dict]:
+        tile = TILE_MAX // 2 if call.f64 else TILE_MAX
+        bi, bn, _ = _strided_plan(call.n, call.inner, call.outer, call.in_bytes,
+                                  call.info.sm_count, None, tile)
+        # num_warps follows the tile actually used (~16 elements per thread), times WARP_SCALE.
+        cfgs = [{"BLOCK_I": bi, "TILE": tile, "WARP_SCALE": 1},
+                {"BLOCK_I": bi, "TILE": tile, "WARP_SCALE": 2}]
+        if bi > 1:
+            cfgs.append({"BLOCK_I": bi // 2, "TILE": tile, "WARP_SCALE": 1})
+        if bi < next_pow2(call.inner):
+            cfgs.append({"BLOCK_I": 2 * bi, "TILE": tile, "WARP_SCALE": 1})
+        return cfgs
+
+    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
+        return _run(call, lambda c: _strided_fwd(c, config["BLOCK_I"], config["TILE"],
+                                                 config.get("WARP_SCALE", 1)))
+
+    def cost(self, call: SoftmaxCall, model) -> Estimate:
+        tile = TILE_MAX // 2 if call.f64 else TILE_MAX
+        bi, bn, single = _strided_plan(call.n, call.inner, call.outer, call.in_bytes,
+                                       model.sm_count, None, tile)
+        return cost.strided(call, model, block_i=bi, single=single)

@@ -1,0 +1,101 @@
+"""topk's bitonic backend: a bitonic sort of each row in registers (short rows)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ...dispatch.backend import Backend
+from ...heuristics import topk as cost
+from .._common import Launcher, cdiv, next_pow2
+from .call import TopkCall, _outputs, _rows, _shape_out, _trivial
+from .common import _order_key
+
+
+BITONIC_MAX = 16384
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: bitonic
+# ---------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["R", "k", "flip"])
+def _bitonic_kernel(x_ptr, val_ptr, idx_ptr, R, N, k, row_stride, col_stride, flip,
+                    ROWS: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr,
+                    IS_FLOAT: tl.constexpr):
+    """ROWS rows of up to NP elements, loaded once (strided rows too: a column-major tile is
+    read along its contiguous axis). Key and column are packed in one int64 so that one
+    bitonic network orders both; padding is the smallest int64 and never outranks a real
+    element (a real element packed equal to it decodes to the same key and index 0)."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    cols = tl.arange(0, NP)
+    row_ok = rows < R
+    col_ok = cols < N
+    ptrs = x_ptr + rows[:, None] * row_stride + cols[None, :].to(tl.int64) * col_stride
+    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0)
+    key = _order_key(x, IS_FLOAT, flip, False)
+    packed = (key.to(tl.int64) << 32) | cols[None, :].to(tl.int64)
+    packed = tl.where(col_ok[None, :], packed, -9223372036854775807 - 1)
+    if KP == 1:
+        # (triton 3.6's tl.topk reduces one row of k = 1 to a scalar and fails to compile)
+        top = tl.max(packed, axis=1)[:, None]
+    elif KP < NP:
+        top = tl.topk(packed, KP, dim=1)  # a bitonic top-k: log2(KP) merge stages, then halvings
+    else:
+        top = tl.sort(packed, dim=1, descending=True)
+    idx = top & 0xFFFFFFFF
+    kc = tl.arange(0, KP)
+    om = row_ok[:, None] & (kc[None, :] < k)
+    v = tl.load(x_ptr + rows[:, None] * row_stride + idx * col_stride, mask=om)
+    out = rows[:, None] * k + kc[None, :]
+    tl.store(val_ptr + out, v, mask=om)
+    tl.store(idx_ptr + out, idx, mask=om)
+
+
+_BITONIC = Launcher(_bitonic_kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# bitonic
+# ---------------------------------------------------------------------------------------------
+class BitonicBackend(Backend):
+    name = "bitonic"
+    estimate = staticmethod(cost.bitonic)
+    MAX_N = BITONIC_MAX
+
+    def supports(self, call: TopkCall) -> str | None:
+        if call.input.dtype.itemsize > 4:
+            return ("bitonic packs a 32-bit key with the index in one int64; "
+                    f"{str(call.input.dtype)[6:]} keys are 64 bits (radix and sort take them)")
+        if call.N > self.MAX_N:
+            return (f"rows of {call.N} elements; bitonic holds a row in registers "
+                    f"(at most {self.MAX_N})")
+        return None
+
+    def configs(self, call: TopkCall) -> list[dict]:
+        npow = max(1, next_pow2(call.N))
+        out = []
+        for per_prog in (2048, 8192):
+            rows = max(1, min(next_pow2(max(call.R, 1)), per_prog // npow))
+            elems = rows * npow
+            warps = 4 if elems <= 2048 else (8 if elems <= 4096 else 16)
+            cfg = {"ROWS": rows, "num_warps": warps}
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
+    def run(self, call: TopkCall, config):
+        done = _trivial(call)
+        if done is not None:
+            return done
+        x, row_stride, col_stride = _rows(call, unit_col=False)
+        R, N, k = call.R, call.N, call.k
+        values, indices = _outputs(call)
+        rows, warps = config["ROWS"], config["num_warps"]
+        flip = 0 if call.largest else -1
+        dtype = call.input.dtype
+        _BITONIC((R, N, k, row_stride, col_stride, flip, rows, warps, dtype), (cdiv(R, rows),),
+                 (x, values, indices, R, N, k, row_stride, col_stride, flip),
+                 lambda: dict(ROWS=rows, NP=max(1, next_pow2(N)), KP=next_pow2(k),
+                              IS_FLOAT=dtype.is_floating_point, num_warps=warps))
+        return _shape_out(call, values, indices)

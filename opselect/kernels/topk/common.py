@@ -1,0 +1,373 @@
+"""What several topk backends share: the order-keeping key of a value, the threshold search
+(count, narrow, cut), the selection of winners from a tile, the row workspace, and the base
+class of the planned backends."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...dispatch.backend import PlannedBackend
+from ...errors import OpselectError
+from ...switches import enabled
+from .call import TopkCall, _outputs, _rows, _shape_out
+
+
+# The one-launch radix mode has the programs of a row wait for each other; it keeps the grid
+# within one program per SM so they are all resident. Where fewer SMs than the device reports
+# are available to this process (MPS limits, green contexts), set OPSELECT_TOPK_COOP=0.
+COOP_ALLOWED = enabled("OPSELECT_TOPK_COOP")
+
+
+# int64 counters per row in the radix workspace (see _radix_filter_kernel).
+COUNTERS: tl.constexpr = tl.constexpr(8)
+
+
+# How often a program of the one-launch mode polls for the rest of its row before giving up
+# (about a quarter of a second; see _radix_filter_kernel).
+SPIN_LIMIT: tl.constexpr = tl.constexpr(1 << 18)
+
+
+# Rows longer than this do not fit the 32-bit index packed beside the key.
+MAX_ROW = (1 << 32) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: keys and helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _order_key(x, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """A signed integer key whose order is the order topk selects in: a larger key is taken
+    first. Floats: flip the magnitude bits of negatives (sign-magnitude -> two's complement),
+    one key for +-0.0 and one for every NaN, above +inf. flip: 0, or -1 for largest=False
+    (a run-time value, so both directions share one compiled kernel)."""
+    if IS_FLOAT:
+        if x.dtype == tl.float64:
+            bits = x.to(tl.int64, bitcast=True)
+            key = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
+            nan_key = tl.full(bits.shape, 0x7FFFFFFFFFFFFFFF, tl.int64)
+        elif x.dtype == tl.float32:
+            bits = x.to(tl.int32, bitcast=True)
+            key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+            nan_key = tl.full(bits.shape, 0x7FFFFFFF, tl.int32)
+        else:
+            bits = x.to(tl.int16, bitcast=True)
+            key = bits ^ ((bits >> 15) & 0x7FFF)
+            nan_key = tl.full(bits.shape, 0x7FFF, tl.int16)
+        key = tl.where(x == 0, tl.zeros_like(key), key)
+        key = tl.where(x != x, nan_key, key)
+    else:
+        key = x
+    if KEY64:
+        key = key.to(tl.int64)
+    else:
+        key = key.to(tl.int32)
+    return key ^ flip  # flip = -1 (largest=False) complements: the smallest key ranks first
+
+
+@triton.jit
+def _key_limits(KEY64: tl.constexpr):
+    if KEY64:
+        lowest = -9223372036854775807 - 1
+        highest = 9223372036854775807
+    else:
+        lowest = -2147483647 - 1
+        highest = 2147483647
+    return lowest, highest
+
+
+@triton.jit
+def _typed(ws_ptr, offset, KEY: tl.constexpr, KEY64: tl.constexpr):
+    """A pointer into the int64 workspace, retyped: KEY=True gives the key dtype, else int32."""
+    p = ws_ptr + offset
+    if KEY and KEY64:
+        q = p
+    else:
+        q = p.to(tl.pointer_type(tl.int32))
+    return q
+
+
+@triton.jit
+def _count3(key, ok, m1, m2, m3):
+    """#{key >= m_i} for three thresholds in one reduction: three 21-bit fields of an int64
+    (a tile holds fewer than 2^21 entries), so the step pays one reduction's latency, not three."""
+    ge1 = (ok & (key >= m1.to(key.dtype))).to(tl.int64)
+    ge2 = (ok & (key >= m2.to(key.dtype))).to(tl.int64)
+    ge3 = (ok & (key >= m3.to(key.dtype))).to(tl.int64)
+    packed = tl.sum(ge1 | (ge2 << 21) | (ge3 << 42), axis=0)
+    return packed & 0x1FFFFF, (packed >> 21) & 0x1FFFFF, packed >> 42
+
+
+@triton.jit
+def _cavg(a, b):
+    """ceil((a + b) / 2) without overflow (the key range may span all of int64)."""
+    return (a >> 1) + (b >> 1) + ((a | b) & 1)
+
+
+@triton.jit
+def _narrow(lo, hi, c_lo, k, k_hi, c1, c2, c3, m1, m2, m3):
+    """One 4-ary search step: counts c_i = #{key >= m_i}, lo < m1 <= m2 <= m3 <= hi, c_lo =
+    #{key >= lo} (or any bound above it). The answer (the largest v with #{key >= v} >= k)
+    stays in [lo, hi].
+
+    The search ends early (hi = lo) once lo is reached by at most k_hi keys: any such cut
+    serves a caller that wants at least k keys and room for k_hi. With k_hi = k that is a
+    threshold reached by exactly k keys: the k keys >= it are the answer whether or not it is
+    itself a key, and the callers' tie logic (take keys > lo, then up to k - #{key > lo} keys
+    == lo) takes exactly them. On spread-out keys this stops once a threshold falls between
+    the k-th and (k+1)-th key, well before the range narrows to one value."""
+    new_lo = tl.where(c3 >= k, m3, tl.where(c2 >= k, m2, tl.where(c1 >= k, m1, lo)))
+    new_c = tl.where(c3 >= k, c3, tl.where(c2 >= k, c2, tl.where(c1 >= k, c1, c_lo)))
+    new_hi = tl.where(c1 < k, m1 - 1, tl.where(c2 < k, m2 - 1, tl.where(c3 < k, m3 - 1, hi)))
+    new_hi = tl.where(new_c <= k_hi, new_lo, new_hi)
+    return new_lo, new_hi, new_c
+
+
+@triton.jit
+def _cut(key, ok, k, k_hi, lo, hi):
+    """A cut v of the valid keys of a 1-d register tile with k <= #{key >= v}, given lo <= the
+    k-th largest key <= hi (int64 scalars, lo with at least k keys >= it): the first one found
+    that at most k_hi keys reach, else the k-th largest key itself. A 4-ary search on the key
+    value, three counts a step in one reduction: at most log4(hi - lo) steps (16 for 32-bit
+    keys), usually fewer."""
+    c_lo = tl.full([], 1 << 40, tl.int64)  # unknown: more than any tile holds
+    while lo < hi:
+        m2 = _cavg(lo, hi)
+        m1 = _cavg(lo, m2)
+        m3 = _cavg(m2, hi)
+        c1, c2, c3 = _count3(key, ok, m1, m2, m3)
+        lo, hi, c_lo = _narrow(lo, hi, c_lo, k, k_hi, c1, c2, c3, m1, m2, m3)
+    return lo
+
+
+@triton.jit
+def _kth(key, ok, k, lo, hi):
+    """A cut for the k largest valid keys of a register tile (see _cut): the k-th largest key
+    itself, or a value that exactly k keys reach. Either way the k largest are the keys > cut
+    plus the first k - #{key > cut} keys == cut."""
+    return _cut(key, ok, k, k, lo, hi)
+
+
+@triton.jit
+def _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input,
+              FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """FT entries of a selection source from `start`: the row itself (from_input), or a
+    survivor buffer (key and index packed in an int64; 64-bit keys keep the index apart).
+    from_input is a run-time flag, so the selection code is compiled once for both sources.
+    Lanes use 32-bit offsets from a 64-bit scalar base; the index is returned as its low 32 bits
+    (rows are shorter than 2^32). `unit` (1, unknown to the compiler) keeps one element per
+    thread per access, the layout of the scattered winner stores (see _filter_chunk)."""
+    unit = (C >= 0).to(tl.int32)
+    lane = tl.arange(0, FT) * unit
+    ok = lane < tl.maximum(tl.minimum(C - start, FT), 0).to(tl.int32)
+    if from_input:
+        x = tl.load(x_ptr + row_off + start + lane, mask=ok, other=0)
+        key = _order_key(x, IS_FLOAT, flip, KEY64)
+        idx = (start + tl.zeros([], tl.int64)).to(tl.int32) + lane  # low 32 bits
+    else:
+        # .cg: survivors written by other programs of this launch are read from L2, not L1.
+        if KEY64:
+            key = tl.load(sbuf + start + lane, mask=ok, other=0, cache_modifier=".cg")
+            idx = tl.load(sidx + start + lane, mask=ok, other=0, cache_modifier=".cg")
+        else:
+            v = tl.load(sbuf + start + lane, mask=ok, other=0, cache_modifier=".cg")
+            key = (v >> 32).to(tl.int32)
+            idx = v.to(tl.int32)
+    return key, idx, ok
+
+
+@triton.jit
+def _store_winners(out_row, slot, take, key, idx, PACK: tl.constexpr):
+    # PACK: key in the high half, index in the low half, so one int64 sort orders both.
+    idx64 = idx.to(tl.int64) & 0xFFFFFFFF
+    if PACK:
+        val = (key.to(tl.int64) << 32) | idx64
+    else:
+        val = idx64
+    tl.store(out_row + slot, val, mask=take)
+
+
+@triton.jit
+def _select(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
+            PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+            KEY64: tl.constexpr):
+    """Write the k largest keys of a source of C entries (k <= C) to out_row[0:k], unordered.
+
+    K = the k-th largest key is found by a 4-ary search on the key value between lo (a key with
+    at least k keys >= it; for the whole row, its minimum) and the source's maximum: three
+    counts per step (one reduction), so about log4(range) steps. Then every key > K is taken and
+    the first k - #{key > K} keys equal to K. A source that fits one tile stays in registers; a
+    longer one is re-read tile by tile (the rare, slow path)."""
+    if C <= FT:
+        _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK, FT,
+                     IS_FLOAT, flip, KEY64)
+    else:
+        # The slow path streams smaller tiles: a quarter of the code to compile, the same
+        # bandwidth (it is bound by one program's loads anyway).
+        _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK,
+                      max(FT // 4, 256), IS_FLOAT, flip, KEY64)
+
+
+@triton.jit
+def _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
+                 PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+                 KEY64: tl.constexpr):
+    lowest, highest = _key_limits(KEY64)
+    key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, 0, C, from_input, FT, IS_FLOAT, flip,
+                             KEY64)
+    lo = tl.where(from_input, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64), lo)
+    _take_k(key, idx, ok, k, lo, out_row, PACK, KEY64)
+
+
+@triton.jit
+def _take_k(key, idx, ok, k, lo, out_row, PACK: tl.constexpr, KEY64: tl.constexpr):
+    """Write the k largest valid keys of a 1-d register tile to out_row[0:k], unordered (lo: an
+    int64 key with at least k valid keys >= it): every key above the cut, then enough ties."""
+    lowest, highest = _key_limits(KEY64)
+    hi = tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64)
+    cut = _kth(key, ok, k, lo, hi).to(key.dtype)
+    gt = ok & (key > cut)
+    eq = ok & (key == cut)
+    n_above = tl.sum(gt.to(tl.int32), axis=0)
+    eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) - 1
+    take = gt | (eq & (eq_rank < k - n_above))
+    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    _store_winners(out_row, slot, take, key, idx, PACK)
+
+
+@triton.jit
+def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
+                  PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
+                  KEY64: tl.constexpr):
+    lowest, highest = _key_limits(KEY64)
+    hi = tl.full([], lowest, tl.int64)
+    lo_in = tl.full([], highest, tl.int64)
+    for start in range(0, C, FT):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                 IS_FLOAT, flip, KEY64)
+        hi = tl.maximum(hi, tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64))
+        lo_in = tl.minimum(lo_in, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64))
+    lo = tl.where(from_input, lo_in, lo)
+    c_lo = tl.full([], 1 << 40, tl.int64)
+    while lo < hi:
+        m2 = _cavg(lo, hi)
+        m1 = _cavg(lo, m2)
+        m3 = _cavg(m2, hi)
+        c1 = tl.full([], 0, tl.int64)
+        c2 = tl.full([], 0, tl.int64)
+        c3 = tl.full([], 0, tl.int64)
+        for start in range(0, C, FT):
+            key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                     IS_FLOAT, flip, KEY64)
+            t1, t2, t3 = _count3(key, ok, m1, m2, m3)
+            c1 += t1
+            c2 += t2
+            c3 += t3
+        lo, hi, c_lo = _narrow(lo, hi, c_lo, k, k, c1, c2, c3, m1, m2, m3)
+    n_above = tl.full([], 0, tl.int64)
+    for start in range(0, C, FT):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                 IS_FLOAT, flip, KEY64)
+        n_above += tl.sum((ok & (key > lo.to(key.dtype))).to(tl.int32), axis=0)
+    quota = k - n_above
+    gt_base = tl.full([], 0, tl.int64)
+    eq_base = tl.full([], 0, tl.int64)
+    for start in range(0, C, FT):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
+                                 IS_FLOAT, flip, KEY64)
+        kth = lo.to(key.dtype)
+        gt = ok & (key > kth)
+        eq = ok & (key == kth)
+        eq_rank = eq_base + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+        take_eq = eq & (eq_rank < quota)
+        gt_slot = gt_base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+        _store_winners(out_row, gt_slot, gt, key, idx, PACK)
+        _store_winners(out_row, n_above + eq_rank, take_eq, key, idx, PACK)
+        gt_base += tl.sum(gt.to(tl.int32), axis=0)
+        eq_base += tl.sum(eq.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _write_out(x_ptr, row_off, idx_row, val_row, k,
+               SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr):
+    """out_row holds the k winners (packed key|index when SORT); sort them if asked, then read
+    their values back from the input (exact values, whatever the key canonicalised)."""
+    if SORT:
+        j = tl.arange(0, KP)
+        ok = j < k
+        e = tl.load(idx_row + j, mask=ok, other=-9223372036854775807 - 1)
+        e = tl.sort(e, descending=True)
+        idx = e & 0xFFFFFFFF
+        v = tl.load(x_ptr + row_off + idx, mask=ok)
+        tl.debug_barrier()  # every packed entry is read before the first is overwritten
+        tl.store(idx_row + j, idx, mask=ok)
+        tl.store(val_row + j, v, mask=ok)
+    else:
+        for start in range(0, k, FT):
+            j = start + tl.arange(0, FT)
+            ok = j < k
+            idx = tl.load(idx_row + j, mask=ok, other=0)
+            v = tl.load(x_ptr + row_off + idx, mask=ok)
+            tl.store(val_row + j, v, mask=ok)
+
+
+@triton.jit
+def _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64: tl.constexpr):
+    """The row's survivor buffer: int64 slots [0, CAP) for keys > T and [CAP, CAP + EQ_CAP) for
+    keys == T (key << 32 | index), plus an int32 index array when keys are 64-bit."""
+    row = r64 * (CAP + EQ_CAP)
+    sbuf = ws_ptr + off_sbuf + row
+    sidx = (ws_ptr + off_sidx).to(tl.pointer_type(tl.int32)) + row
+    return sbuf, sidx
+
+
+def _key64(dtype: torch.dtype) -> bool:
+    return dtype.itemsize == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# radix
+# ---------------------------------------------------------------------------------------------
+class RadixPlan:
+    """Launch parameters of the radix backend for one (R, N, k, dtype, config).
+
+    mode: direct (rows of one tile: one program per row selects from the row), fused (one
+    program per row samples, filters and finishes), coop (several programs per row, one launch,
+    a per-row wait after sampling) or split (the same in two launches: samples, then filter)."""
+
+    __slots__ = ("mode", "SS", "SB", "MS", "m", "B", "TPP", "TILE", "SUB", "CAP",
+                 "EQ_CAP", "FT", "KP", "sort_in_kernel", "sort_after", "offsets", "ws_elems",
+                 "warps", "expected_survivors", "sample")
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}("
+                + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__) + ")")
+
+
+class _PlannedBackend(PlannedBackend):
+    """A topk backend whose launches follow a plan made from the call's rows, row length, k,
+    dtype and order flag, the SM count and a config (memoised: dispatch.backend.PlannedBackend);
+    the plan object is also the Launchers' spec and the cost model's input."""
+
+    def plan_facts(self, call: TopkCall) -> tuple:
+        return (call.R, call.N, call.k, call.input.dtype, call.sorted)
+
+    def _setup(self, call: TopkCall, config: dict):
+        """(plan, rows, row stride, values, indices, workspace) of a call the plan takes; a
+        plan that refuses the call raises with its reason."""
+        p = self.plan(call, config)
+        if getattr(p, "reason", None):
+            raise OpselectError(f"topk {self.name}: {p.reason}")
+        x, row_stride, _ = _rows(call, unit_col=True)
+        values, indices = _outputs(call)
+        ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
+        return p, x, row_stride, values, indices, ws
+
+    def _finish(self, call: TopkCall, p, values: torch.Tensor, indices: torch.Tensor):
+        """torch's layout of the results; winners the kernels left unordered (64-bit keys, k
+        past the in-register sort) are sorted here first."""
+        if p.sort_after:
+            values, order = torch.sort(values, dim=-1, descending=call.largest)
+            indices = indices.gather(-1, order)
+        return _shape_out(call, values, indices)

@@ -1,0 +1,508 @@
+"""topk's maxima backend: a pass of group maxima bounds the k-th value, then one selection over the
+survivors (a programmatic dependent launch on Hopper)."""
+
+from __future__ import annotations
+
+import math
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ...heuristics import topk as cost
+from ...switches import enabled
+from .._common import Launcher, cdiv, next_pow2
+from .call import TopkCall, _trivial
+from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, RadixPlan, SPIN_LIMIT, _PlannedBackend, _cut,
+                     _key64, _key_limits, _order_key, _row_buffers, _select, _typed, _write_out)
+
+
+# maxima's second launch is a programmatic dependent launch on Hopper and later (sm_90+): it is
+# scheduled while the first one's last programs run and waits for them in the kernel, which
+# hides the gap between the two launches. OPSELECT_TOPK_PDL=0 turns it off.
+PDL_ALLOWED = enabled("OPSELECT_TOPK_PDL")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: maxima (one cut for the whole row, from supergroup maxima)
+# ---------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["flip", "off_smax", "off_gmax", "NGR", "SR"])
+def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, NGR, SR, CPP, flip,
+                        G: tl.constexpr, TILE: tl.constexpr, SG: tl.constexpr,
+                        EVICT: tl.constexpr, IS_FLOAT: tl.constexpr, KEY64: tl.constexpr,
+                        PDL: tl.constexpr):
+    """Launch 1 of maxima: program p of row r streams the chunk [p * CPP, (p + 1) * CPP) once
+    and writes the maximum key of each group of G elements and of each supergroup of SG
+    elements, the next tile loading while the current one is reduced. No search and no
+    waiting: it runs at the speed of reading the row. Program 0 of each row also clears the
+    row's counters for launch 2 (no memset launch).
+
+    One program a chunk, not persistent programs taking chunks in turn: the persistent loop
+    (its next address computed in 64 bits every step) took 110 registers instead of 78, so
+    two programs fit an SM instead of three, and measured slower on the H200 (16M elements
+    22 -> 26 us, 130M 130 -> 165 us).
+
+    PDL: launch 2 may be scheduled once every program here has started (it waits for this
+    launch to finish before it reads anything)."""
+    if PDL:
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    p = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    start = p.to(tl.int64) * CPP
+    n_here = tl.minimum(N - start, CPP).to(tl.int32)
+    lowest, highest = _key_limits(KEY64)
+    if p == 0:
+        tl.store(ws_ptr + COUNTERS * r64 + tl.arange(0, COUNTERS),
+                 tl.zeros([COUNTERS], tl.int64))
+    GT: tl.constexpr = TILE // G
+    group = tl.arange(0, GT)
+    cols = tl.arange(0, G)
+    lane = group[:, None] * G + cols[None, :]
+    chunk_ptr = x_ptr + r64 * row_stride + start
+    gmax = _typed(ws_ptr, off_gmax, True, KEY64) + r64 * NGR + start // G
+    smax = _typed(ws_ptr, off_smax, True, KEY64) + r64 * SR + start // SG
+    ntiles = tl.cdiv(n_here, TILE)
+    acc = tl.full([], lowest, gmax.dtype.element_ty)
+    x = tl.load(chunk_ptr + lane, mask=lane < n_here, other=0, eviction_policy=EVICT)
+    for t in range(ntiles):
+        base = t * TILE
+        ahead = tl.where(t + 1 < ntiles, n_here - base - TILE, 0)
+        x_next = tl.load(chunk_ptr + base + TILE + lane, mask=lane < ahead, other=0,
+                         eviction_policy=EVICT)
+        key = tl.where(lane < n_here - base, _order_key(x, IS_FLOAT, flip, KEY64), lowest)
+        gm = tl.max(key, axis=1)
+        tl.store(gmax + t * GT + group, gm)
+        if SG <= TILE:
+            SPT: tl.constexpr = TILE // SG
+            sm = tl.max(tl.reshape(gm, [SPT, SG // G]), axis=1)
+            tl.store(smax + t * SPT + tl.arange(0, SPT), sm)
+        else:
+            acc = tl.maximum(acc, tl.max(gm, axis=0))
+        x = x_next
+    if SG > TILE:
+        tl.store(smax, acc)  # the plan makes CPP == SG here: one supergroup per program
+
+
+@triton.jit
+def _append_survivors(key, idx, ok, T, sbuf, sidx, cnt_ptr, CAP, EQ_CAP, KEY64: tl.constexpr):
+    """Keys > T of a 1-d tile to the row's survivor slots [0, CAP), keys == T to its tie slots
+    [CAP, CAP + EQ_CAP): one atomic per kind reserves the tile's slots, one cumsum of both
+    flags (bits 0 and 16 of an int32) ranks them. Counts go on past the capacities, so the
+    finisher can tell an overflow."""
+    gt = ok & (key > T)
+    eq = ok & (key == T)
+    code = gt.to(tl.int32) | (eq.to(tl.int32) << 16)
+    total = tl.sum(code, axis=0)
+    c_gt = total & 0xFFFF
+    c_eq = total >> 16
+    if total > 0:
+        base = tl.atomic_add(cnt_ptr, c_gt.to(tl.int64), mask=c_gt > 0, sem="relaxed")
+        base_eq = tl.atomic_add(cnt_ptr + 1, c_eq.to(tl.int64), mask=c_eq > 0, sem="relaxed")
+        rank = tl.cumsum(code, axis=0)
+        pos = tl.where(gt, base + (rank & 0xFFFF) - 1, base_eq + (rank >> 16) - 1)
+        keep = tl.where(gt, pos < CAP, eq & (pos < EQ_CAP))
+        slot = tl.where(gt, pos, CAP + pos)
+        if KEY64:
+            tl.store(sbuf + slot, key, mask=keep)
+            tl.store(sidx + slot, idx, mask=keep)
+        else:
+            tl.store(sbuf + slot, (key.to(tl.int64) << 32) | (idx.to(tl.int64) & 0xFFFFFFFF),
+                     mask=keep)
+
+
+@triton.jit
+def _candidate(sbuf, sidx, n_gt, CAP, u, ok, KEY64: tl.constexpr):
+    """Entry u of a row's candidates: survivors [0, n_gt) first, then the ties from slot CAP.
+    Returns (order, key, index): `order` sorts candidates in the output's order (the packed
+    key << 32 | index for 32-bit keys, the key for 64-bit keys, whose ties are then broken by
+    the index)."""
+    slot = tl.where(u < n_gt, u, CAP + u - n_gt)
+    if KEY64:
+        key = tl.load(sbuf + slot, mask=ok, other=0, cache_modifier=".cg")
+        idx = tl.load(sidx + slot, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
+        idx = idx & 0xFFFFFFFF
+        order = key
+    else:
+        order = tl.load(sbuf + slot, mask=ok, other=0, cache_modifier=".cg")
+        key = order >> 32
+        idx = order & 0xFFFFFFFF
+    return order, key, idx
+
+
+@triton.jit
+def _rank_block(sbuf, sidx, n_gt, CAP, c, okc, ou, ku, iu, oku, KEY64: tl.constexpr):
+    """The ranks of candidates c among the loaded ones (ou, ku, iu), and their indices."""
+    oc, kc, ic = _candidate(sbuf, sidx, n_gt, CAP, c, okc, KEY64)
+    before = oku[None, :] & (ou[None, :] > oc[:, None])
+    if KEY64:
+        before = before | (oku[None, :] & (ku[None, :] == kc[:, None]) & (iu[None, :] > ic[:, None]))
+    return tl.sum(before.to(tl.int32), axis=1), ic
+
+
+@triton.jit
+def _rank_candidates(x_ptr, row_off, sbuf, sidx, n_gt, n_tie, CAP, k, c_lo, c_hi, val_row,
+                     idx_row, CB: tl.constexpr, UB: tl.constexpr, KEY64: tl.constexpr):
+    """Candidates [c_lo, c_hi) of a row's C = n_gt + n_tie: each one's rank is the number of
+    candidates that come before it in the output (a larger key, or an equal key and a larger
+    index), so ranks are distinct and ranks 0 .. k-1 are the k winners in order. Each winner is
+    written straight to its place: no selection, no sort. Programs that rank disjoint slices
+    of the same candidates together write every output once; any two rankings of the same
+    candidates write the same values, so a program that ranks everything (the fallback) may
+    overlap them. Up to UB candidates stay in registers while CB at a time are ranked; more
+    are re-read UB at a time for every block."""
+    C = n_gt + n_tie
+    if C <= UB:
+        u = tl.arange(0, UB)
+        oku = u < C
+        ou, ku, iu = _candidate(sbuf, sidx, n_gt, CAP, u, oku, KEY64)
+        for c0 in range(c_lo, c_hi, CB):
+            c = c0 + tl.arange(0, CB)
+            okc = c < c_hi
+            rank, ic = _rank_block(sbuf, sidx, n_gt, CAP, c, okc, ou, ku, iu, oku, KEY64)
+            win = okc & (rank < k)
+            tl.store(idx_row + rank, ic, mask=win)
+            tl.store(val_row + rank, tl.load(x_ptr + row_off + ic, mask=win), mask=win)
+    else:
+        for c0 in range(c_lo, c_hi, CB):
+            c = c0 + tl.arange(0, CB)
+            okc = c < c_hi
+            rank = tl.zeros([CB], tl.int32)
+            ic = tl.zeros([CB], tl.int64)
+            for u0 in range(0, C, UB):
+                u = u0 + tl.arange(0, UB)
+                oku = u < C
+                ou, ku, iu = _candidate(sbuf, sidx, n_gt, CAP, u, oku, KEY64)
+                part, ic = _rank_block(sbuf, sidx, n_gt, CAP, c, okc, ou, ku, iu, oku, KEY64)
+                rank += part
+            win = okc & (rank < k)
+            tl.store(idx_row + rank, ic, mask=win)
+            tl.store(val_row + rank, tl.load(x_ptr + row_off + ic, mask=win), mask=win)
+
+
+@triton.jit(do_not_specialize=["flip", "off_smax", "off_gmax", "off_scr", "off_sbuf",
+                               "off_sidx", "k", "k_hi", "NGR", "SR", "NG", "S", "GPP", "NB2",
+                               "CAP", "EQ_CAP"])
+def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, off_sidx,
+                          val_ptr, idx_ptr, N, row_stride, k, k_hi, NGR, SR, NG, S, GPP, NB2,
+                          CAP, EQ_CAP, flip,
+                          COOP: tl.constexpr, SP: tl.constexpr, G: tl.constexpr,
+                          GT2: tl.constexpr, HG: tl.constexpr, CB: tl.constexpr,
+                          UB: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr,
+                          KEY64: tl.constexpr, PDL: tl.constexpr):
+    """Launch 2 of maxima: NB2 programs per row.
+
+      1. T = a supergroup maximum that k to k_hi of the row's S supergroup maxima reach (the
+         same 4-ary search in every program: the same T). At least k elements reach T (each
+         of those maxima is one), so the row's k largest all do, and each lies in a group
+         whose maximum reaches T: a "hot" group.
+      2. Program j scans the group maxima of its share of the row (from L2), gathers the
+         elements of its hot groups (G each, usually a handful) and appends keys > T to the
+         row's survivors, keys == T to its ties.
+      3. COOP: the row's programs (all resident: the launcher keeps the grid within one
+         program per SM) wait for each other once, then each ranks a slice of the candidates
+         (about 1.2 k survivors for random data, plus ties where fewer than k exceed T) and
+         writes the winners it finds to their sorted places. A program that waits too long
+         (programs never resident: another stream's persistent kernel?) gives up, and the
+         row's last program (a ticket) ranks all of them itself. Without COOP the last program
+         always does. A survivor list past its capacity (rows whose large values cluster,
+         sorted rows for one) sends the last program to select from the whole row: slow,
+         always exact."""
+    if PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): launch 1's writes first
+    r = tl.program_id(0)
+    j = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    row_off = r64 * row_stride
+    lowest, highest = _key_limits(KEY64)
+    # The first tile of this program's group maxima: it does not depend on the cut, so its
+    # load is under way during the search.
+    g_lo = j * GPP
+    g_hi = tl.minimum(g_lo + GPP, NG)
+    gmax = _typed(ws_ptr, off_gmax, True, KEY64) + r64 * NGR
+    g_first = g_lo + tl.arange(0, GT2)
+    gm_first = tl.load(gmax + g_first, mask=g_first < g_hi, other=lowest)
+    # 1. The cut.
+    s = tl.arange(0, SP)
+    oks = s < S
+    sm = tl.load(_typed(ws_ptr, off_smax, True, KEY64) + r64 * SR + s, mask=oks, other=lowest)
+    hi = tl.max(tl.where(oks, sm, lowest), axis=0)
+    if k > 1:
+        lo = tl.min(tl.where(oks, sm, highest), axis=0).to(tl.int64)
+        T = _cut(sm, oks, k, k_hi, lo, hi.to(tl.int64)).to(sm.dtype)
+    else:
+        T = hi  # one winner: the cut is the largest maximum, no search
+    # 2. The hot groups of this program's share.
+    cnt = ws_ptr + COUNTERS * r64
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    scratch = (ws_ptr + off_scr).to(tl.pointer_type(tl.int32)) + (r64 * NB2 + j) * GT2
+    cols = tl.arange(0, G)
+    slot = tl.arange(0, HG)
+    for g0 in range(g_lo, g_hi, GT2):
+        g = g0 + tl.arange(0, GT2)
+        okg = g < g_hi
+        if g0 == g_lo:
+            gm = gm_first
+        else:
+            gm = tl.load(gmax + g, mask=okg, other=lowest)
+        hot = okg & (gm >= T)
+        n_hot = tl.sum(hot.to(tl.int32), axis=0)
+        if n_hot > 0:
+            tl.store(scratch + tl.cumsum(hot.to(tl.int32), axis=0) - 1, g, mask=hot)
+            tl.debug_barrier()  # the hot list, stored by all threads, is read by all
+            for h0 in range(0, n_hot, HG):
+                okh = h0 + slot < n_hot
+                gid = tl.load(scratch + h0 + slot, mask=okh, other=0)
+                pos = gid.to(tl.int64)[:, None] * G + cols[None, :]
+                okp = okh[:, None] & (pos < N)
+                x = tl.load(x_ptr + row_off + pos, mask=okp, other=0)
+                key = _order_key(x, IS_FLOAT, flip, KEY64)
+                _append_survivors(tl.reshape(key, [HG * G]),
+                                  tl.reshape(pos.to(tl.int32), [HG * G]),  # low 32 bits
+                                  tl.reshape(okp, [HG * G]), T, sbuf, sidx, cnt, CAP, EQ_CAP,
+                                  KEY64)
+            tl.debug_barrier()  # the hot list is read before the next tile overwrites it
+    tl.debug_barrier()  # every thread's survivor stores precede the release below
+    out = r64 * k
+    # 3. Rank the candidates together, or leave it to the last program.
+    if COOP:
+        tl.atomic_add(cnt + 2, 1, sem="release")
+        arrived = tl.atomic_add(cnt + 2, 0, sem="acquire")
+        polls = tl.full([], 0, tl.int32)
+        while (arrived < NB2) & (polls < SPIN_LIMIT):
+            arrived = tl.atomic_add(cnt + 2, 0, sem="acquire")
+            polls += 1
+        if arrived < NB2:
+            tl.atomic_add(cnt + 4, 1, sem="relaxed")  # gave up: the last program ranks all
+        else:
+            n_gt = tl.atomic_add(cnt, 0, sem="acquire")
+            n_eq = tl.atomic_add(cnt + 1, 0, sem="acquire")
+            if n_gt <= CAP:
+                n_tie = tl.where(n_gt < k, tl.minimum(n_eq, EQ_CAP), 0)
+                share = tl.cdiv(n_gt + n_tie, NB2)
+                _rank_candidates(x_ptr, row_off, sbuf, sidx, n_gt, n_tie, CAP, k, j * share,
+                                 tl.minimum((j + 1) * share, n_gt + n_tie), val_ptr + out,
+                                 idx_ptr + out, CB, UB, KEY64)
+        tl.debug_barrier()
+    ticket = tl.atomic_add(cnt + 3, 1, sem="acq_rel")
+    if ticket == NB2 - 1:
+        n_gt = tl.atomic_add(cnt, 0, sem="acquire")
+        n_eq = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        if n_gt > CAP:
+            # The whole row, one program (survivors overflowed: clustered large values).
+            if KEY64:
+                _select(x_ptr, row_off, sbuf, sidx, N, k, tl.full([], 0, tl.int64), True,
+                        idx_ptr + out, False, FT, IS_FLOAT, flip, KEY64)
+                tl.debug_barrier()
+                _write_out(x_ptr, row_off, idx_ptr + out, val_ptr + out, k, False, FT, FT)
+            else:
+                # The winners (packed) to the spent survivor buffer, then ranked into place.
+                _select(x_ptr, row_off, sbuf, sidx, N, k, tl.full([], 0, tl.int64), True,
+                        sbuf, True, FT, IS_FLOAT, flip, KEY64)
+                tl.debug_barrier()
+                _rank_candidates(x_ptr, row_off, sbuf, sidx, k, 0, CAP, k, 0, k,
+                                 val_ptr + out, idx_ptr + out, CB, UB, KEY64)
+        else:
+            gave_up = True
+            if COOP:
+                gave_up = tl.atomic_add(cnt + 4, 0, sem="acquire") > 0
+            if gave_up:
+                n_tie = tl.where(n_gt < k, tl.minimum(n_eq, EQ_CAP), 0)
+                _rank_candidates(x_ptr, row_off, sbuf, sidx, n_gt, n_tie, CAP, k, 0,
+                                 n_gt + n_tie, val_ptr + out, idx_ptr + out, CB, UB, KEY64)
+
+
+_MAXIMA_PASS = Launcher(_maxima_pass_kernel)
+
+
+_MAXIMA_SELECT = Launcher(_maxima_select_kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# maxima
+# ---------------------------------------------------------------------------------------------
+# k up to this: the cut needs at least RHO_MIN * k supergroups, and their maxima are one
+# register tile of at most MAXIMA_S_MAX; ranking holds about 1.5 k candidates in registers
+# (k = 2048 spilled: 16 x 1M took 580 us).
+MAXIMA_K_MAX = 1024
+
+
+MAXIMA_S_MAX = 8192
+
+
+# The cut is searched among at least RHO * k supergroup maxima where the row allows, and never
+# fewer than RHO_MIN * k: with rho maxima per winner the survivors of a random row number
+# about rho * ln(rho / (rho - 1)) * k (1.15 k at rho = 4, 1.39 k at 2, 2 k at 1.25).
+RHO = 3
+
+
+RHO_MIN = 1.25
+
+
+class MaximaPlan:
+    """Launch parameters of the maxima backend. Launch 1: NB programs per row, a chunk of CPP
+    elements (whole TILEs) each, writing maxima of groups of G and
+    supergroups of SG elements (S supergroups, NG groups; row strides SR, NGR in the
+    workspace). Launch 2: NB2 programs per row (coop: they wait for each other once), GPP
+    groups each (scanned GT2 at a time, hot ones gathered HG at a time); the cut stops once k
+    to k_hi supergroup maxima reach it; candidates (CAP survivors at most, EQ_CAP ties) are
+    ranked CB at a time against UB at a time."""
+
+    __slots__ = ("G", "TILE", "CPP", "NB", "evict", "SG", "S", "SR", "NG", "NGR", "SP",
+                 "NB2", "coop", "pdl", "GPP", "GT2", "HG", "k_hi", "CAP", "EQ_CAP", "FT", "CB",
+                 "UB", "sort_after", "warps1", "warps2", "offsets", "ws_elems", "reason")
+
+    __repr__ = RadixPlan.__repr__
+
+
+def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
+                config: dict) -> MaximaPlan:
+    p = MaximaPlan()
+    p.reason = None
+    R, N, kk = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch
+    sms = config.get("SMS", sms)
+    key64 = _key64(dtype)
+    s_max = config.get("S_MAX", MAXIMA_S_MAX)
+    g_min = config.get("G_MIN", 8)
+    # Groups: at least 4 k of them, so that hot groups are few among many; about 256K at most
+    # per row, so that launch 2 scans their maxima quickly (a hot group costs G loads).
+    p.G = config.get("G", max(64, min(512, next_pow2(cdiv(N, 1 << 18)))))
+    while p.G > g_min and cdiv(N, p.G) < 4 * kk:
+        p.G //= 2
+    # Tiles: two programs per SM at least, where the rows allow.
+    p.TILE = config.get("TILE", 8192)
+    while p.TILE > max(p.G * 16, 1024) and R * cdiv(N, p.TILE) < 2 * sms:
+        p.TILE //= 2
+    p.TILE = max(p.TILE, p.G)
+    # Supergroups: the largest size that leaves RHO * k of them (a tight cut), no smaller than a
+    # group, and no larger than a tile unless the row has more than s_max tiles.
+    rho = config.get("RHO", RHO)
+    SG = p.G
+    while SG * 2 <= p.TILE and cdiv(N, SG * 2) >= rho * kk:
+        SG *= 2
+    while cdiv(N, SG) > s_max:
+        SG *= 2
+    p.SG = SG
+    p.S = cdiv(N, SG)
+    if p.S < RHO_MIN * kk:
+        p.reason = (f"k={k} is too large a part of a row of {N}: the cut needs {RHO_MIN:g} k "
+                    f"supergroups of at least {p.G} elements")
+    # A chunk is TPP tiles (their loads overlap), or exactly one supergroup where supergroups
+    # are longer than a tile (the pass kernel then keeps one running maximum per chunk).
+    p.CPP = SG if SG > p.TILE else p.TILE * config.get("TPP", 1)
+    p.NB = cdiv(N, p.CPP)
+    p.NG = cdiv(N, p.G)
+    p.NGR = p.NB * (p.CPP // p.G)
+    p.SR = p.NB * (p.CPP // SG)
+    p.SP = max(16, next_pow2(p.S))
+    # The search stops at the first cut that k to k_hi supergroup maxima reach: a wide window
+    # ends it sooner, at the price of a few more candidates.
+    p.k_hi = max(kk, int(kk * config.get("K_HI", 1.5)))
+    # Launch 2: enough programs to spread the group scans and gathers over the chip; where
+    # they wait for each other (coop), one per SM at most, so that all are resident.
+    p.coop = config.get("COOP", True) and COOP_ALLOWED
+    p.pdl = config.get("PDL", True) and PDL_ALLOWED
+    per_sm = 1 if p.coop else config.get("PPS2", 2)
+    p.NB2 = max(1, min(sms * per_sm // R, cdiv(p.NG, 256)))
+    p.GPP = cdiv(p.NG, p.NB2)
+    p.GT2 = max(16, min(next_pow2(p.GPP), config.get("GT2_MAX", 2048)))
+    p.HG = max(1, config.get("GATHER", max(1024, 4 * p.G)) // p.G)
+    # Candidates: about 1.2 k survivors for random data; room for several times that before
+    # the last program gives up on them and selects from the row (tiles of FT). Ranking
+    # compares CB candidates with UB others at a time. The ranks put the output in order, but
+    # the whole-row path leaves 64-bit keys unordered: torch.sort orders those afterwards.
+    p.CAP = config.get("CAP", 8 * kk + 1024)
+    p.EQ_CAP = kk
+    p.FT = config.get("FT", 1024)
+    p.CB = config.get("CB", 16)
+    p.UB = config.get("UB", max(128, min(2048, next_pow2(kk * 3 // 2 + 64))))
+    p.sort_after = sorted_ and key64
+    p.warps1 = config.get("WARPS1", 8 if p.TILE >= 8192 else 4)
+    # The rows are read once: evict them first, so the maxima written beside them stay in L2
+    # for launch 2 (measured on the H200: the 16M-element pass 22.3 -> 20.4 us).
+    p.evict = config.get("EVICT", "evict_first")
+    p.warps2 = config.get("WARPS2", 8 if p.SP >= 2048 else 4)
+    # The workspace (int64 elements): counters [R, 8]; supergroup and group maxima (keys);
+    # each launch-2 program's hot list (int32); the survivor buffer (int64) and, for 64-bit
+    # keys, its indices (int32).
+    unit = 1 if key64 else 0.5
+    off = int(COUNTERS) * R
+    off_smax = off
+    off += math.ceil(R * p.SR * unit)
+    off_gmax = off
+    off += math.ceil(R * p.NGR * unit)
+    off_scr = off
+    off += cdiv(R * p.NB2 * p.GT2, 2)
+    off_sbuf = off
+    slots = R * (p.CAP + p.EQ_CAP)
+    off += slots
+    off_sidx = off
+    off += cdiv(slots, 2) if key64 else 0
+    p.offsets = (off_smax, off_gmax, off_scr, off_sbuf, off_sidx)
+    p.ws_elems = off
+    return p
+
+
+class MaximaBackend(_PlannedBackend):
+    """Supergroup maxima give one cut for a whole row, so a long row is read once by the whole
+    chip, with no sampling and no waiting (see _maxima_select_kernel): long rows with k up to a
+    few thousand."""
+
+    name = "maxima"
+
+    def supports(self, call: TopkCall) -> str | None:
+        if call.k == 0 or call.R == 0 or call.nd == 0:
+            return None  # nothing to select: run() returns without a launch
+        if call.k > MAXIMA_K_MAX:
+            return f"k={call.k}; maxima selects from a register tile (k up to {MAXIMA_K_MAX})"
+        if call.N > MAX_ROW:
+            return (f"rows of {call.N} elements; indices are packed in 32 bits "
+                    f"(rows up to {MAX_ROW})")
+        return self.plan(call, self.configs(call)[0]).reason
+
+    def configs(self, call: TopkCall) -> list[dict]:
+        if call.info.interpreted:
+            # Small tiles, groups and register tiles: CPU tests take every path on rows of a
+            # few thousand elements.
+            # The interpreter runs programs one after another: none may wait for a later one
+            # (no coop; the last program ranks the candidates).
+            return [{"G": 8, "G_MIN": 2, "TILE": 64, "S_MAX": 256, "GT2_MAX": 64, "GATHER": 32,
+                     "FT": 256, "PPS2": 1, "COOP": False, "UB": 64, "TPP": 2},
+                    {"G": 4, "G_MIN": 2, "TILE": 32, "S_MAX": 1024, "GT2_MAX": 16, "GATHER": 8,
+                     "FT": 128, "RHO": 8, "PPS2": 2, "COOP": False, "CB": 8,
+                     "UB": 32}]
+        out = [{}, {"RHO": 2, "G": 128}, {"TILE": 4096}]
+        return out[:1] + [c for c in out[1:] if self.plan(call, c).reason is None]
+
+    estimate = staticmethod(cost.maxima)
+
+    def make_plan(self, call: TopkCall, config: dict, sms: int) -> MaximaPlan:
+        return maxima_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
+
+    def run(self, call: TopkCall, config):
+        done = _trivial(call)
+        if done is not None:
+            return done
+        p, x, row_stride, values, indices, ws = self._setup(call, config)
+        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.offsets
+        flip = 0 if call.largest else -1
+        # griddepcontrol needs sm_90; the interpreter has no such instruction.
+        pdl = p.pdl and not call.info.interpreted and (call.info.capability or (0, 0)) >= (9, 0)
+        spec = (p, row_stride, flip, pdl)  # the plan fixes every other integer and constexpr
+
+        def flags():
+            return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), PDL=pdl)
+
+        _MAXIMA_PASS(spec, (R, p.NB),
+                     (x, ws, off_smax, off_gmax, N, row_stride, p.NGR, p.SR, p.CPP, flip),
+                     lambda: dict(G=p.G, TILE=p.TILE, SG=p.SG, EVICT=p.evict,
+                                  num_warps=p.warps1, **flags()))
+        _MAXIMA_SELECT(spec, (R, p.NB2),
+                       (x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
+                        N, row_stride, k, p.k_hi, p.NGR, p.SR, p.NG, p.S, p.GPP, p.NB2, p.CAP,
+                        p.EQ_CAP, flip),
+                       lambda: dict(COOP=p.coop, SP=p.SP, G=p.G, GT2=p.GT2, HG=p.HG, CB=p.CB,
+                                    UB=p.UB, FT=p.FT, num_warps=p.warps2, launch_pdl=pdl,
+                                    **flags()))
+        return self._finish(call, p, values, indices)

@@ -1,0 +1,563 @@
+"""topk's radix backend: a sampled threshold, a filter pass that keeps the survivors, and a finisher
+that selects and sorts the k winners (one launch per row, cooperative, or split in two)."""
+
+from __future__ import annotations
+
+import math
+import torch
+import triton
+import triton.language as tl
+
+from ...heuristics import topk as cost
+from .._common import Launcher, cdiv, next_pow2
+from .call import TopkCall, _outputs, _rows, _trivial
+from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, RadixPlan, SPIN_LIMIT, _PlannedBackend,
+                     _key64, _key_limits, _kth, _order_key, _row_buffers, _select, _src_tile,
+                     _store_winners, _typed, _write_out)
+
+
+# radix: samples per sample block (see radix_plan for how many blocks a row draws).
+SAMPLE_BLOCK = 2048
+
+
+# The union of the per-block sample tops that every filter program searches (one register tile).
+UNION_MAX = 4096
+
+
+UNION: tl.constexpr = tl.constexpr(UNION_MAX)
+
+
+# Keys each sample block keeps (its top); more when the threshold's rank needs them.
+BLOCK_TOPS = 16
+
+
+# Survivors the finisher holds in registers at once; rows up to this long skip sample + filter.
+FINISH_TILE_MAX = 8192
+
+
+# k up to this is sorted in registers by the finisher (networks of 64, 256 or 1024: one compiled
+# variant each); larger k and 64-bit keys are sorted by torch.sort afterwards.
+SORT_MAX = 1024
+
+
+# Margins (in standard deviations, plus a constant) of the sample threshold.
+SIGMAS = 5.0
+
+
+@triton.jit
+def _sample_keys(x_ptr, row_off, r, N, s, SS: tl.constexpr,
+                 IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Keys of SS sample positions of row r (block s of its sample). A Weyl sequence
+    frac(i / phi + c_r) is equidistributed modulo every period, so periodic rows are sampled
+    fairly; positions may repeat, the margins of the threshold allow for it."""
+    i = (s * SS + tl.arange(0, SS)).to(tl.int64)
+    h = (i * 2654435769 + r.to(tl.int64) * 1640531527 + 12345) & 0xFFFFFFFF
+    pos = ((h >> 1) * N) >> 31  # (h / 2^32) * N without overflowing int64
+    x = tl.load(x_ptr + row_off + pos)
+    return _order_key(x, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit
+def _mth_largest(keys, ok, m, KEY64: tl.constexpr):
+    """A threshold that at least m of the valid keys of a register tile reach (the m-th
+    largest, or a value exactly m reach: see _kth): the same 4-ary search as the finisher's, so
+    no sorting network is compiled for it. With fewer than m valid keys it returns their
+    minimum (a lower threshold is always safe)."""
+    lowest, highest = _key_limits(KEY64)
+    lo = tl.min(tl.where(ok, keys, highest), axis=0).to(tl.int64)
+    hi = tl.max(tl.where(ok, keys, lowest), axis=0).to(tl.int64)
+    return _kth(keys, ok, m, lo, hi).to(keys.dtype)
+
+
+@triton.jit
+def _take_threshold(sbuf, sidx, n_gt, k, CAP, out_row,
+                    PACK: tl.constexpr, FT: tl.constexpr, KEY64: tl.constexpr):
+    """Fewer than k keys exceed the threshold T but at least k reach it: the k-th key is T.
+    Take every survivor (slots [0, n_gt)) and the first k - n_gt ties (slots from CAP)."""
+    for start in range(0, n_gt, FT):
+        key, idx, ok = _src_tile(sbuf, 0, sbuf, sidx, start, n_gt, False, FT, False, 0, KEY64)
+        _store_winners(out_row + start, tl.arange(0, FT), ok, key, idx, PACK)
+    quota = k - n_gt
+    for start in range(0, quota, FT):
+        key, idx, ok = _src_tile(sbuf, 0, sbuf + CAP, sidx + CAP, start, quota, False, FT,
+                                 False, 0, KEY64)
+        _store_winners(out_row + n_gt + start, tl.arange(0, FT), ok, key, idx, PACK)
+
+
+@triton.jit
+def _finish_row(x_ptr, r, row_off, N, k, ws_ptr, off_sbuf, off_sidx, CAP, EQ_CAP,
+                n_gt, n_eq, T, val_ptr, idx_ptr,
+                FILTERED: tl.constexpr, SORT: tl.constexpr, KP: tl.constexpr,
+                FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Select row r's k winners (from its survivors, from the threshold's ties, or from the
+    whole row), then write them out sorted or not."""
+    r64 = r.to(tl.int64)
+    out_off = r64 * k
+    idx_row = idx_ptr + out_off
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    if FILTERED:
+        kept = n_gt <= CAP
+        # Usually the k-th key is among the few thousand survivors above T. If the sample was
+        # off (fewer than k keys reach T, or the buffer overflowed) the whole row is the source.
+        use_buf = kept & (n_gt >= k)
+        if kept & (n_gt < k) & (n_gt + n_eq >= k):
+            _take_threshold(sbuf, sidx, n_gt, k, CAP, idx_row, SORT, FT, KEY64)
+        else:
+            _select(x_ptr, row_off, sbuf, sidx, tl.where(use_buf, n_gt, N), k,
+                    T.to(tl.int64) + 1, ~use_buf, idx_row, SORT, FT, IS_FLOAT, flip, KEY64)
+    else:
+        _select(x_ptr, row_off, sbuf, sidx, N, k, tl.full([], 0, tl.int64), True, idx_row,
+                SORT, FT, IS_FLOAT, flip, KEY64)
+    tl.debug_barrier()  # the winners written by all threads are visible to all threads
+    _write_out(x_ptr, row_off, idx_row, val_ptr + out_off, k, SORT, KP, FT)
+
+
+@triton.jit
+def _filter_tile(x, ok, tile_ptr, tile, valid, T, sbuf, sidx, cnt_ptr, n_gt, n_eq, CAP, EQ_CAP,
+                 unit, ATOMIC: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr,
+                 IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """One tile of the filter: keys > T to the survivor slots [0, CAP) of the row's buffer,
+    keys == T to its tie slots [CAP, CAP + EQ_CAP). Both flags travel in one int32 (bits 0 and
+    16): one reduction counts both kinds, one cumsum ranks both.
+
+    A tile without survivors stops after that one count, so the loop holds only the tile and
+    its keys. A tile with survivors (usually one or two: a row keeps a few thousand) marks its
+    SUB-lane parts that have some in a bitmask (one small reduction); only those parts re-read
+    their SUB elements (from L1) and rank and scatter them, one element per thread. So the
+    scatter never needs the whole tile's registers nor a layout conversion of the tile, and a
+    survivor costs about one part's reload, cumsum and store."""
+    key = _order_key(x, IS_FLOAT, flip, KEY64)
+    code = ((key > T) & ok).to(tl.int32) | (((key == T) & ok).to(tl.int32) << 16)
+    total = tl.sum(code, axis=0)
+    c_gt = total & 0xFFFF
+    c_eq = total >> 16
+    if total > 0:
+        if ATOMIC:
+            # One atomic per tile and kind reserves the tile's slots in the row's buffer.
+            base = tl.atomic_add(cnt_ptr, c_gt.to(tl.int64), mask=c_gt > 0, sem="relaxed")
+            base_eq = tl.atomic_add(cnt_ptr + 1, c_eq.to(tl.int64), mask=c_eq > 0, sem="relaxed")
+        else:
+            base = n_gt
+            base_eq = n_eq
+        NSUB: tl.constexpr = TILE // SUB
+        busy = tl.max(tl.reshape(code, [NSUB, SUB]), axis=1) > 0
+        parts_mask = tl.sum(tl.where(busy, 1 << tl.arange(0, NSUB).to(tl.int64), 0), axis=0)
+        lane = tl.arange(0, SUB) * unit
+        room = tl.maximum(tl.minimum(CAP - base, TILE), 0).to(tl.int32)
+        room_eq = tl.maximum(tl.minimum(EQ_CAP - base_eq, TILE), 0).to(tl.int32)
+        prior = tl.full([], 0, tl.int32)  # packed ranks (bits 0 and 16) of earlier parts
+        for j in range(NSUB):
+            if ((parts_mask >> j) & 1) != 0:
+                sub_ok = lane < valid - j * SUB
+                ks = _order_key(tl.load(tile_ptr + j * SUB + lane, mask=sub_ok, other=0),
+                                IS_FLOAT, flip, KEY64)
+                gt = (ks > T) & sub_ok
+                eq = (ks == T) & sub_ok
+                sub_code = gt.to(tl.int32) | (eq.to(tl.int32) << 16)
+                rank = prior + tl.cumsum(sub_code, axis=0)
+                prior += tl.sum(sub_code, axis=0)
+                pos = tl.where(gt, (rank & 0xFFFF) - 1, (rank >> 16) - 1)
+                keep = tl.where(gt, pos < room, eq & (pos < room_eq))
+                slot = tl.where(gt, base, CAP + base_eq) + pos
+                idx = (tile + j * SUB).to(tl.int32) + lane  # the low 32 bits of the index
+                if KEY64:
+                    tl.store(sbuf + slot, ks, mask=keep)
+                    tl.store(sidx + slot, idx, mask=keep)
+                else:
+                    tl.store(sbuf + slot,
+                             (ks.to(tl.int64) << 32) | (idx.to(tl.int64) & 0xFFFFFFFF),
+                             mask=keep)
+    return n_gt + c_gt, n_eq + c_eq
+
+
+@triton.jit
+def _filter_chunk(x_ptr, row_off, N, start, ntiles, T, sbuf, sidx, cnt_ptr, CAP, EQ_CAP,
+                  ATOMIC: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr,
+                  IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Stream ntiles tiles of a row from `start` through the filter (positions: one atomic
+    per tile on the row's counters when several programs share the row, else running counts).
+    The next tile is loaded before the current one is processed: two tiles per program in
+    flight. Lanes are 32-bit offsets from a 64-bit scalar base."""
+    # `unit` is 1 at run time but unknown to the compiler: the rare survivor parts then get one
+    # element per thread per access (coalesced, 128 bytes per warp), the layout their
+    # scattered stores need, so nothing goes through a layout conversion in shared memory.
+    # The tiles themselves keep the vectorised layout of 16-byte loads.
+    unit = (N >= 0).to(tl.int32)
+    lane = tl.arange(0, TILE)
+    n_gt = tl.full([], 0, tl.int64)
+    n_eq = tl.full([], 0, tl.int64)
+    row_ptr = x_ptr + row_off
+    valid = tl.maximum(tl.minimum(N - start, TILE), 0).to(tl.int32)
+    x = tl.load(row_ptr + start + lane, mask=lane < valid, other=0)
+    for t in range(ntiles):
+        tile = start + t * TILE
+        valid = tl.maximum(tl.minimum(N - tile, TILE), 0).to(tl.int32)
+        valid_next = tl.maximum(tl.minimum(N - tile - TILE, TILE), 0).to(tl.int32)
+        valid_next = tl.where(t + 1 < ntiles, valid_next, 0)
+        x_next = tl.load(row_ptr + tile + TILE + lane, mask=lane < valid_next, other=0)
+        n_gt, n_eq = _filter_tile(x, lane < valid, row_ptr + tile, tile, valid, T, sbuf, sidx,
+                                  cnt_ptr, n_gt, n_eq, CAP, EQ_CAP, unit, ATOMIC, TILE, SUB,
+                                  IS_FLOAT, flip, KEY64)
+        x = x_next
+    return n_gt, n_eq
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels: the radix launches
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _sample_top(x_ptr, row_off, r, N, s, lists, SS: tl.constexpr, MS: tl.constexpr,
+                IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+    """Sample block s of row r: SS keys, of which the top MS (in no order) go to the row's list
+    (the threshold needs only the top of each block): the MS-th largest by the same search
+    as everywhere else, then the keys above it and enough of its ties, ranked by a cumsum."""
+    keys = _sample_keys(x_ptr, row_off, r, N, s, SS, IS_FLOAT, flip, KEY64)
+    every = keys == keys
+    t = _mth_largest(keys, every, MS, KEY64)
+    above = keys > t
+    tied = keys == t
+    rank = tl.where(above, tl.cumsum(above.to(tl.int32), axis=0),
+                    tl.sum(above.to(tl.int32), axis=0) + tl.cumsum(tied.to(tl.int32), axis=0)) - 1
+    tl.store(lists + s * MS + rank, keys, mask=(above | tied) & (rank < MS))
+
+
+# Integer arguments that would otherwise be specialised (== 1, divisible by 16) into separate
+# compiled variants: only the row length and stride matter to the code (16-byte loads).
+_SIZES = ["k", "m", "CAP", "EQ_CAP", "TPP", "NB", "SB", "flip", "off_lists", "off_sbuf",
+          "off_sidx", "R"]
+
+
+@triton.jit(do_not_specialize=_SIZES[:-1] + ["N", "row_stride"])
+def _radix_sample_kernel(x_ptr, ws_ptr, off_lists, N, row_stride, SB, flip,
+                         SS: tl.constexpr, MS: tl.constexpr,
+                         IS_FLOAT: tl.constexpr, KEY64: tl.constexpr):
+    """The split mode's first launch: the sample blocks of every row."""
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    if s == 0:
+        # The row's counters start at zero before the filter launch adds to them.
+        tl.store(ws_ptr + COUNTERS * r64 + tl.arange(0, COUNTERS),
+                 tl.zeros([COUNTERS], tl.int64))
+    lists = _typed(ws_ptr, off_lists, True, KEY64) + r64 * (SB * MS)
+    _sample_top(x_ptr, r64 * row_stride, r, N, s, lists, SS, MS, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit(do_not_specialize=_SIZES[:-1])
+def _radix_filter_kernel(x_ptr, ws_ptr, off_lists, off_sbuf, off_sidx, val_ptr, idx_ptr,
+                         N, row_stride, k, m, CAP, EQ_CAP, TPP, NB, SB, flip,
+                         COOP: tl.constexpr, SS: tl.constexpr, MS: tl.constexpr,
+                         TILE: tl.constexpr,
+                         SUB: tl.constexpr, SORT: tl.constexpr, KP: tl.constexpr,
+                         FT: tl.constexpr, IS_FLOAT: tl.constexpr, KEY64: tl.constexpr):
+    """NB programs share row r, SB sample blocks (of MS tops each) feed its threshold. Per row,
+    int64 counters: survivors, ties, programs that sampled, programs that filtered, programs
+    that gave up waiting.
+
+    COOP (one launch, SB == NB): each program first draws sample block p of its row, then
+    waits until all NB programs of the row have (a spin on the row's counter; the launcher keeps
+    the whole grid within one program per SM, so every program is resident and the wait ends).
+    Otherwise a previous launch drew the samples. Each program then derives the same threshold
+    from the union of the sample tops, filters its chunk, and the last program of the row to
+    finish (a ticket) selects the k winners from the survivors: no launch waits for the slowest
+    row."""
+    r = tl.program_id(0)
+    p = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    row_off = r64 * row_stride
+    cnt = ws_ptr + COUNTERS * r64
+    lists = _typed(ws_ptr, off_lists, True, KEY64) + r64 * (SB * MS)
+    ready = True
+    if COOP:
+        _sample_top(x_ptr, row_off, r, N, p, lists, SS, MS, IS_FLOAT, flip, KEY64)
+        tl.debug_barrier()  # every thread's list stores precede the release below
+        tl.atomic_add(cnt + 2, 1, sem="release")
+        arrived = tl.atomic_add(cnt + 2, 0, sem="acquire")
+        polls = tl.full([], 0, tl.int32)
+        while (arrived < NB) & (polls < SPIN_LIMIT):
+            arrived = tl.atomic_add(cnt + 2, 0, sem="acquire")
+            polls += 1
+        ready = arrived >= NB
+        if arrived < NB:
+            # Programs of the row that never became resident (another stream's persistent
+            # kernel holding SMs?): stop waiting, mark the row, and let the finisher select
+            # from the whole row. Slow, but it cannot hang.
+            tl.atomic_add(cnt + 4, 1, sem="relaxed")
+    j = tl.arange(0, UNION)
+    used = j < SB * MS
+    tops = tl.load(lists + j, mask=used, other=0, cache_modifier=".cg")
+    T = _mth_largest(tops, used, m, KEY64)
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    if ready:
+        _filter_chunk(x_ptr, row_off, N, p.to(tl.int64) * TPP * TILE, TPP, T, sbuf, sidx, cnt,
+                      CAP, EQ_CAP, True, TILE, SUB, IS_FLOAT, flip, KEY64)
+    tl.debug_barrier()  # every thread's survivor stores precede the release below
+    ticket = tl.atomic_add(cnt + 3, 1, sem="acq_rel")
+    if ticket == NB - 1:
+        n_gt = tl.atomic_add(cnt, 0, sem="acquire")
+        n_eq = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        if COOP:
+            # A marked row reads as an overflowing buffer: the finisher takes the whole row.
+            n_gt = tl.where(tl.atomic_add(cnt + 4, 0, sem="acquire") > 0, CAP + 1, n_gt)
+        _finish_row(x_ptr, r, row_off, N, k, ws_ptr, off_sbuf, off_sidx, CAP, EQ_CAP,
+                    n_gt, n_eq, T, val_ptr, idx_ptr,
+                    True, SORT, KP, FT, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit(do_not_specialize=["N", "row_stride", "k", "flip"])
+def _radix_direct_kernel(x_ptr, val_ptr, idx_ptr, N, row_stride, k, flip,
+                         SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr,
+                         IS_FLOAT: tl.constexpr, KEY64: tl.constexpr):
+    """Rows short enough for one tile: one program per row selects from the row itself."""
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    zero = tl.full([], 0, tl.int64)
+    if KEY64:
+        T = zero
+    else:
+        T = zero.to(tl.int32)
+    _finish_row(x_ptr, r, r64 * row_stride, N, k, idx_ptr, 0, 0, 0, 0, zero, zero, T,
+                val_ptr, idx_ptr, False, SORT, KP, FT, IS_FLOAT, flip, KEY64)
+
+
+@triton.jit(do_not_specialize=_SIZES[:-1])
+def _radix_rows_kernel(x_ptr, ws_ptr, off_sbuf, off_sidx, val_ptr, idx_ptr,
+                       N, row_stride, k, m, CAP, EQ_CAP, flip,
+                       SS: tl.constexpr, TILE: tl.constexpr,
+                       SUB: tl.constexpr, SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr,
+                       IS_FLOAT: tl.constexpr, KEY64: tl.constexpr):
+    """Sample, filter and finish one row in one program: many rows, one launch."""
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    row_off = r64 * row_stride
+    keys = _sample_keys(x_ptr, row_off, r, N, 0, SS, IS_FLOAT, flip, KEY64)
+    T = _mth_largest(keys, keys == keys, m, KEY64)
+    sbuf, sidx = _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64)
+    n_gt, n_eq = _filter_chunk(x_ptr, row_off, N, tl.full([], 0, tl.int64),
+                               tl.cdiv(N, TILE), T, sbuf, sidx, ws_ptr, CAP, EQ_CAP,
+                               False, TILE, SUB, IS_FLOAT, flip, KEY64)
+    tl.debug_barrier()  # the buffers written by all threads are read by all threads
+    _finish_row(x_ptr, r, row_off, N, k, ws_ptr, off_sbuf, off_sidx, CAP, EQ_CAP,
+                n_gt, n_eq, T, val_ptr, idx_ptr,
+                True, SORT, KP, FT, IS_FLOAT, flip, KEY64)
+
+
+# Each kernel's launches: Triton binds the arguments once per plan, later calls go straight to
+# the compiled kernel (see Launcher: a call's host time is part of what a user waits for).
+_RADIX_SAMPLE = Launcher(_radix_sample_kernel)
+
+
+_RADIX_FILTER = Launcher(_radix_filter_kernel)
+
+
+_RADIX_DIRECT = Launcher(_radix_direct_kernel)
+
+
+_RADIX_ROWS = Launcher(_radix_rows_kernel)
+
+
+def _margin(mu: float) -> int:
+    return math.ceil(mu + SIGMAS * math.sqrt(mu) + SIGMAS)
+
+
+def _quantize(n: int, steps: tuple[int, ...]) -> int:
+    """The first of steps at least n (the last if none): few distinct constexprs, so few
+    compiled variants (each costs tens of seconds of compilation on first use)."""
+    for step in steps:
+        if n <= step:
+            return step
+    return steps[-1]
+
+
+def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
+               config: dict) -> RadixPlan:
+    key64 = _key64(dtype)
+    p = RadixPlan()
+    R, N, k = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch; the plan must exist
+    sms = config.get("SMS", sms)
+    ft_max = config.get("FT_MAX", FINISH_TILE_MAX)
+    block = config.get("SS", SAMPLE_BLOCK)
+    coop = config.get("COOP", True)
+    if config.get("EXACT"):
+        # Sizes to the next power of two (the interpreter: no compiling, small networks).
+        tiles_ft = tuple(1 << i for i in range(4, ft_max.bit_length() - 1)) + (ft_max,)
+        kps = tuple(1 << i for i in range(11))
+    else:
+        # Each distinct constexpr is a compiled variant (10-20 s of compiling on first use):
+        # few sizes, at some cost in padding (a longer sort, a half-empty tile).
+        tiles_ft = tuple(t for t in (256, 1024, 4096, 8192) if t < ft_max) + (ft_max,)
+        kps = (64, 1024)
+    p.TILE = config.get("TILE", 8192 if coop else 4096)
+    p.SUB = min(p.TILE, config.get("SUB", 512))
+    p.KP = _quantize(max(k, 1), kps)
+    p.sort_in_kernel = sorted_ and not key64 and k <= SORT_MAX
+    p.sort_after = sorted_ and not p.sort_in_kernel
+    p.EQ_CAP = max(k, 1)
+    p.m = p.SS = p.SB = p.MS = p.B = p.TPP = p.CAP = 1
+    p.sample = 0
+    p.mode = "direct"
+    p.FT = _quantize(N, tiles_ft)
+    p.expected_survivors = N
+    if N > ft_max:
+        tiles = cdiv(N, p.TILE)
+        if config.get("SPLIT") == 1 or R >= sms:
+            B = 1
+        elif coop:
+            B = max(1, min(tiles, sms // R))  # the whole grid resident: one program per SM
+        else:
+            B = max(1, min(tiles, cdiv(sms * config.get("PPS", 4), R)))
+        p.TPP = cdiv(tiles, B)
+        B = cdiv(tiles, p.TPP)
+        # Each sampled element costs a 32-byte sector: at most 1/32 of the row, and beyond 64
+        # blocks at most 1/256 of it (about 3% of the row's traffic).
+        s_target = min(max(block, N // 32), max(64 * block, N // 256))
+        sizes = tuple(t for t in (256, 1024) if t < block) + (block,)
+        if B == 1:
+            # One block of samples, at most 16 per thread of a 4-warp program.
+            mode, SS, SB = "fused", _quantize(s_target, sizes), 1
+        elif coop:
+            mode, SB = "coop", B
+            SS = _quantize(cdiv(s_target, B), sizes)
+        else:
+            mode, SS = "split", block
+            SB = min(64, next_pow2(cdiv(s_target, block)))
+        f = SS * SB / N
+        m = _margin((k - 1) * f)
+        if mode == "fused":
+            MS = 1
+            fits = 2 * m <= SS
+        else:
+            MS = min(SS, max(BLOCK_TOPS, next_pow2(cdiv(2 * m, SB))))
+            fits = 2 * m <= SB * MS <= UNION_MAX
+        cap = math.ceil((m + SIGMAS * math.sqrt(m) + SIGMAS) / f) + 64
+        if fits and cap < N // 2:
+            p.mode, p.SS, p.SB, p.MS, p.m, p.B = mode, SS, SB, MS, m, B
+            p.sample = SS * SB
+            p.CAP = max(cap, k)
+            p.expected_survivors = min(N, math.ceil(m / f))
+            p.FT = _quantize(p.CAP, tiles_ft)
+            if mode == "fused":
+                # One program per row, several per SM: small tiles and few warps, so that
+                # one row's sampling and finishing overlap other rows' streaming.
+                p.TILE = config.get("FUSED_TILE", 2048)
+                p.SUB = min(p.TILE, p.SUB)
+                p.TPP = cdiv(N, p.TILE)
+        else:
+            # k is a large part of the row: no threshold filters well; select from the rows.
+            p.TPP = 1
+            p.FT = ft_max
+    # The workspace (int64 elements): counters [R, 8], sample tops [R, SB * MS] keys, the
+    # survivor buffer [R, CAP + EQ_CAP] int64 and, for 64-bit keys, its indices as int32.
+    slots = R * (p.CAP + p.EQ_CAP)
+    counters = int(COUNTERS) * R
+    offs = {"lists": counters}
+    lists = R * p.SB * p.MS if p.mode in ("coop", "split") else 0
+    off = counters + math.ceil(lists * (1 if key64 else 0.5))
+    offs["sbuf"] = off
+    off += slots
+    offs["sidx"] = off
+    off += math.ceil(slots / 2) if key64 else 0
+    p.offsets = offs
+    p.ws_elems = 0 if p.mode == "direct" else off
+    # At most 16 elements of a tile per thread (more spill); the coop finisher lives with the
+    # filter's warps, so its tile shrinks to fit them (longer survivor lists loop over tiles).
+    if p.mode == "coop":
+        # One program per SM, 16 warps: a finisher tile of 16 keys a thread, whatever the
+        # survivor count (a fixed size: one compiled variant fewer per shape).
+        p.warps = config.get("WARPS", 16)
+        p.FT = min(ft_max, 512 * p.warps)
+    elif p.mode == "direct":
+        p.warps = 4 if p.FT <= 2048 else (8 if p.FT <= 4096 else 16)
+    else:
+        p.warps = max(4, min(16, max(p.TILE, p.FT) // 512))
+        # As many warps as the finisher needs stream tiles of 16 elements a thread.
+        p.TILE = max(p.TILE, 512 * p.warps)
+        p.SUB = min(p.TILE, max(p.SUB, 512))
+        if p.mode == "fused":
+            p.TPP = cdiv(N, p.TILE)
+        elif p.mode == "split":
+            p.TPP = cdiv(cdiv(N, p.TILE), p.B)
+            p.B = cdiv(cdiv(N, p.TILE), p.TPP)
+    return p
+
+
+class RadixBackend(_PlannedBackend):
+    name = "radix"
+
+    def supports(self, call: TopkCall) -> str | None:
+        if call.N > MAX_ROW:
+            return (f"rows of {call.N} elements; radix packs a 32-bit index beside the key "
+                    f"(rows up to {MAX_ROW})")
+        return None
+
+    def configs(self, call: TopkCall) -> list[dict]:
+        if call.info.interpreted:
+            # The interpreter runs programs one after another (no program may wait for
+            # another: split, not coop) and tl.sort element by element: small blocks keep CPU
+            # tests fast and still take every path.
+            return [{"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "SMS": 4,
+                     "EXACT": True},
+                    {"COOP": False, "TILE": 128, "SPLIT": 1, "SS": 128, "FT_MAX": 256, "SMS": 4,
+                     "EXACT": True}]
+        # Few configs: tuning compiles each of them (10-20 s apiece) for every new shape.
+        if call.R >= call.info.sm_count:
+            # One program per row whatever the config: vary its tile instead.
+            return [{}, {"FUSED_TILE": 4096}]
+        out = [{"COOP": True}] if COOP_ALLOWED else []
+        out.append({"COOP": False, "TILE": 4096, "PPS": 4})
+        if call.N <= (1 << 18):
+            out.append({"COOP": False, "SPLIT": 1})  # one program per row, one launch
+        return out
+
+    estimate = staticmethod(cost.radix)
+
+    def make_plan(self, call: TopkCall, config: dict, sms: int) -> RadixPlan:
+        return radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
+
+    def run(self, call: TopkCall, config):
+        done = _trivial(call)
+        if done is not None:
+            return done
+        p = self.plan(call, config)
+        x, row_stride, _ = _rows(call, unit_col=True)
+        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        dev = x.device
+        values, indices = _outputs(call)
+        flip = 0 if call.largest else -1
+        spec = (p, row_stride, flip)  # the plan fixes every other integer and constexpr
+        o = p.offsets
+
+        def flags():
+            return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), num_warps=p.warps)
+
+        if p.mode == "direct":
+            _RADIX_DIRECT(spec, (R,), (x, values, indices, N, row_stride, k, flip),
+                          lambda: dict(SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags()))
+        elif p.mode == "fused":
+            ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+            _RADIX_ROWS(spec, (R,),
+                        (x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k, p.m,
+                         p.CAP, p.EQ_CAP, flip),
+                        lambda: dict(SS=p.SS, TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel,
+                                     KP=p.KP, FT=p.FT, **flags()))
+        else:
+            coop = p.mode == "coop"
+            if coop:
+                # The per-row counters start at zero (with the rest when that is small: one
+                # memset instead of an allocation and a memset).
+                if p.ws_elems <= (1 << 20):
+                    ws = torch.zeros(p.ws_elems, dtype=torch.int64, device=dev)
+                else:
+                    ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+                    ws[:int(COUNTERS) * R].zero_()
+            else:
+                ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+                _RADIX_SAMPLE(spec, (R, p.SB), (x, ws, o["lists"], N, row_stride, p.SB, flip),
+                              lambda: dict(SS=p.SS, MS=p.MS, IS_FLOAT=dtype.is_floating_point,
+                                           KEY64=_key64(dtype), num_warps=4))
+            _RADIX_FILTER(spec, (R, p.B),
+                          (x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N,
+                           row_stride, k, p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, flip),
+                          lambda: dict(COOP=coop, SS=p.SS, MS=p.MS, TILE=p.TILE, SUB=p.SUB,
+                                       SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags()))
+        return self._finish(call, p, values, indices)
