@@ -10,6 +10,7 @@ at its value. Outputs are fresh tensors, and every element of them is compared.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -238,18 +239,21 @@ def test_radix_sample_misses(cpu_triton, monkeypatch):
     forget_plans()
     x = torch.randn(1, 3000)
     plan, _, _ = plan_of(x, 60)
-    assert plan.mode == "split" and plan.m == 1
+    assert plan.mode == "split" and plan.threshold_rank == 1
     check(x, 60)
     forget_plans()
 
 
-def test_radix_buffer_overflow(cpu_triton):
+def test_radix_buffer_overflow(cpu_triton, monkeypatch):
     # More survivors than the buffer holds: the finisher falls back to the whole row.
     x = torch.randn(1, 3000)
     _, call, backend = plan_of(x, 25)
     cfg = dict(backend.configs(call)[0])
-    plan = K.OP.backend("radix").plan(call, cfg)
-    plan.CAP = 26  # survivors beyond this are dropped, the counts still say how many there were
+    # Survivors beyond 26 are dropped; the counts still say how many there were.
+    small = dataclasses.replace(backend.make_plan(call, cfg, call.info.sm_count),
+                                survivor_capacity=26)
+    monkeypatch.setattr(backend, "make_plan", lambda *args: small)
+    forget_plans()
     try:
         values, indices = backend.run(call, cfg)
     finally:
@@ -266,7 +270,7 @@ def test_radix_long_survivor_lists(cpu_triton):
     backend = K.OP.backend("radix")
     cfg = {"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "EXACT": True}
     plan = K.OP.backend("radix").plan(call, cfg)
-    assert plan.mode == "split" and plan.CAP > plan.FT
+    assert plan.mode == "split" and plan.survivor_capacity > plan.finish_tile
     values, indices = backend.run(call, cfg)
     ref = torch.topk(x, 300)
     assert same_values(values, ref.values)
@@ -274,7 +278,7 @@ def test_radix_long_survivor_lists(cpu_triton):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
-def test_radix_one_launch_kernel(cpu_triton, dtype):
+def test_radix_one_launch_kernel(cpu_triton, dtype, monkeypatch):
     # The GPU's one-launch mode (sample, wait for the row's programs, filter, last one
     # finishes). The interpreter runs programs one after another, so no program may wait for a
     # later one: with one program per row the wait, the ticket and the in-kernel sample still
@@ -283,14 +287,19 @@ def test_radix_one_launch_kernel(cpu_triton, dtype):
     call = K.prepare(x, 70)
     backend = K.OP.backend("radix")
     cfg = dict(backend.configs(call)[0])
-    plan = K.OP.backend("radix").plan(call, cfg)
-    assert plan.mode == "split"
-    tops = plan.SB * plan.MS  # the same room in the workspace, one block of tops per row
-    plan.mode, plan.B, plan.SB = "coop", 1, 1
-    plan.TPP = -(-call.N // plan.TILE)
-    plan.MS = min(plan.SS, tops)
+    split_plan = backend.make_plan(call, cfg, call.info.sm_count)
+    assert split_plan.mode == "split"
+    # The same room in the workspace: one block of tops per row.
+    tops = split_plan.sample_blocks * split_plan.tops_per_sample_block
+    coop_plan = dataclasses.replace(
+        split_plan, mode="coop", programs_per_row=1, sample_blocks=1,
+        tiles_per_program=-(-call.N // split_plan.tile),
+        tops_per_sample_block=min(split_plan.samples_per_block, tops))
+    monkeypatch.setattr(backend, "make_plan", lambda *args: coop_plan)
+    forget_plans()
     try:
         values, indices = backend.run(call, cfg)
+        assert backend.plan(call, cfg) is coop_plan
     finally:
         forget_plans()
     ref = torch.topk(x, 70)
@@ -309,7 +318,7 @@ def test_radix_one_launch_gives_up_waiting(cpu_triton, monkeypatch):
     call = K.prepare(x, 40)
     cfg = {"COOP": True, "TILE": 256, "SS": 128, "FT_MAX": 512, "SMS": 2, "EXACT": True}
     plan = K.OP.backend("radix").plan(call, cfg)
-    assert plan.mode == "coop" and plan.B == 2
+    assert plan.mode == "coop" and plan.programs_per_row == 2
     try:
         values, indices = K.OP.backend("radix").run(call, cfg)
     finally:
@@ -375,9 +384,9 @@ def test_tournament_shared_and_single_rows(cpu_triton):
     x = torch.randn(2, 3000)
     shared, single = configs_of("tournament", x, 40)
     plan = run_forced("tournament", x, 40, shared)
-    assert plan.NB > 1 and plan.CPP > plan.TILE
+    assert plan.programs_per_row > 1 and plan.chunk > plan.tile
     plan = run_forced("tournament", x, 40, single)
-    assert plan.NB == 1 and plan.CPP > plan.TILE
+    assert plan.programs_per_row == 1 and plan.chunk > plan.tile
     run_forced("tournament", x, 40, shared, largest=False, sorted=False)
     run_forced("tournament", x, 1, single, largest=False)
 
@@ -389,7 +398,7 @@ def test_tournament_tied_maxima_take_the_whole_chunk(cpu_triton):
     x = torch.randint(0, 3, (2, 3000)).float()
     for config in configs_of("tournament", x, 8):
         plan = run_forced("tournament", x, 8, config)
-        assert -(-min(3000, plan.CPP) // plan.G) > plan.HOT
+        assert -(-min(3000, plan.chunk) // plan.group) > plan.hot_groups
         run_forced("tournament", x, 8, config, largest=False)
 
 
@@ -413,10 +422,11 @@ def test_tournament_plans_stay_in_bounds():
             p = K_tournament.tournament_plan(R, N, k, 132, cfg)
             if p.reason:
                 continue
-            assert (p.NB - 1) * p.CPP < N <= p.NB * p.CPP and p.CPP % p.TILE == 0
-            assert p.CPP // p.G <= p.MAXP <= 8192 and p.HOT >= 2 * k
-            assert p.HOT * p.G <= cfg.get("CANDIDATES", 2048) and p.TILE % p.G == 0
-            assert p.NB == 1 or p.NB * k <= p.FT <= K_tournament.TOURNAMENT_FINISH_MAX
+            assert (p.programs_per_row - 1) * p.chunk < N <= p.programs_per_row * p.chunk
+            assert p.chunk % p.tile == 0
+            assert p.chunk // p.group <= p.group_maxima_slots <= 8192 and p.hot_groups >= 2 * k
+            assert p.hot_groups * p.group <= cfg.get("CANDIDATES", 2048) and p.tile % p.group == 0
+            assert p.programs_per_row == 1 or p.programs_per_row * k <= p.finish_tile <= K_tournament.TOURNAMENT_FINISH_MAX
     assert K_tournament.tournament_plan(1, 16_000_000, 64, 132, {}).reason is None
     assert K_tournament.tournament_plan(1, (1 << 31) + 4097, 1, 132, {}).reason is None
 
@@ -429,7 +439,9 @@ def test_maxima_configs_and_flags(cpu_triton):
     x = torch.randn(1, 3000)
     for config in configs_of("maxima", x, 20):
         plan = run_forced("maxima", x, 20, config)
-        assert plan.NB > 1 and plan.NB2 > 1 and plan.S >= 2 * 20
+        assert plan.programs_per_row > 1
+        assert plan.select_programs_per_row > 1
+        assert plan.supergroups >= 2 * 20
         run_forced("maxima", x, 20, config, largest=False, sorted=False)
         run_forced("maxima", x, 1, config)
     run_forced("maxima", torch.randn(3, 900), 30, configs_of("maxima", x, 30)[0], largest=False)
@@ -442,7 +454,7 @@ def test_maxima_coop_ranking(cpu_triton):
     x = random_input((3, 2000), torch.float32, seed=4)
     config = dict(configs_of("maxima", x, 25)[0], COOP=True, SMS=3)
     plan = run_forced("maxima", x, 25, config)
-    assert plan.coop and plan.NB2 == 1
+    assert plan.coop and plan.select_programs_per_row == 1
     run_forced("maxima", x, 25, config, largest=False)
 
 
@@ -456,7 +468,7 @@ def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
     x = torch.randn(1, 3000)
     config = dict(configs_of("maxima", x, 40)[0], COOP=True, SMS=2, UB=16)
     plan = run_forced("maxima", x, 40, config)
-    assert plan.coop and plan.NB2 == 2  # (UB=16: candidates re-read 16 at a time)
+    assert plan.coop and plan.select_programs_per_row == 2  # (UB=16: candidates re-read 16 at a time)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float64])
@@ -518,22 +530,26 @@ def test_maxima_plans_stay_in_bounds():
             p = K_maxima.maxima_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.reason:
                 continue
-            assert RHO_MIN_OK(p, k) and p.S <= p.SP <= K_maxima.MAXIMA_S_MAX
-            assert p.CPP % p.TILE == 0 and p.TILE % p.G == 0
-            assert (p.SG <= p.TILE and p.TILE % p.SG == 0) or (p.SG > p.TILE and p.SG == p.CPP)
-            assert (p.NB - 1) * p.CPP < N <= p.NB * p.CPP and p.NG * p.G >= N
-            assert p.NGR == p.NB * p.CPP // p.G and p.SR * p.SG == p.NB * p.CPP
-            assert p.NB <= 65535
-            assert p.NB2 * p.GPP >= p.NG and p.GT2 * 2 > min(p.GPP, 2048) // 2
+            assert RHO_MIN_OK(p, k)
+            assert p.supergroups <= p.supergroups_padded <= K_maxima.MAXIMA_S_MAX
+            assert p.chunk % p.tile == 0 and p.tile % p.group == 0
+            assert (p.supergroup <= p.tile and p.tile % p.supergroup == 0) or (p.supergroup > p.tile and p.supergroup == p.chunk)
+            assert (p.programs_per_row - 1) * p.chunk < N <= p.programs_per_row * p.chunk
+            assert p.groups * p.group >= N
+            assert p.group_row_stride == p.programs_per_row * p.chunk // p.group
+            assert p.supergroup_row_stride * p.supergroup == p.programs_per_row * p.chunk
+            assert p.programs_per_row <= 65535
+            assert p.select_programs_per_row * p.groups_per_program >= p.groups
+            assert p.groups_per_scan * 2 > min(p.groups_per_program, 2048) // 2
             if p.coop:
-                assert R * p.NB2 <= 132 or p.NB2 == 1  # every waiting program resident
-            assert p.CAP >= k and p.EQ_CAP >= k
+                assert R * p.select_programs_per_row <= 132 or p.select_programs_per_row == 1  # every waiting program resident
+            assert p.survivor_capacity >= k and p.tie_capacity >= k
     assert K_maxima.maxima_plan(1, 16_000_000, 1024, torch.float32, True, 132, {}).reason is None
     assert K_maxima.maxima_plan(1, 3000, 2900, torch.float32, True, 132, {}).reason
 
 
 def RHO_MIN_OK(plan, k: int) -> bool:  # noqa: N802 - reads as the rule it checks
-    return plan.S >= K_maxima.RHO_MIN * k
+    return plan.supergroups >= K_maxima.RHO_MIN * k
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -751,15 +767,18 @@ def test_radix_plans_stay_in_bounds():
         for cfg in ({"COOP": True}, {"COOP": False, "TILE": 4096, "PPS": 4}, {"FUSED_TILE": 4096}):
             p = K_radix.radix_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.mode == "coop":
-                assert R * p.B <= 132  # every program of the grid resident at once
+                assert R * p.programs_per_row <= 132  # every program of the grid resident at once
             if p.mode in ("coop", "split"):
-                assert 2 * p.m <= p.SB * p.MS <= K_radix.UNION_MAX and p.MS <= p.SS
+                assert 2 * p.threshold_rank <= p.sample_blocks * p.tops_per_sample_block <= K_radix.UNION_MAX
+                assert p.tops_per_sample_block <= p.samples_per_block
             if p.mode == "fused":
-                assert 2 * p.m <= p.SS
+                assert 2 * p.threshold_rank <= p.samples_per_block
             if p.mode in ("coop", "split", "fused"):
-                assert p.CAP >= k and p.KP in (64, 1024) and p.FT in (256, 1024, 4096, 8192)
-                assert (p.B - 1) * p.TPP * p.TILE < N <= p.B * p.TPP * p.TILE
-                assert p.FT <= 512 * p.warps
+                assert p.survivor_capacity >= k
+                assert p.k_padded in (64, 1024)
+                assert p.finish_tile in (256, 1024, 4096, 8192)
+                assert (p.programs_per_row - 1) * p.tiles_per_program * p.tile < N <= p.programs_per_row * p.tiles_per_program * p.tile
+                assert p.finish_tile <= 512 * p.warps
             assert p.expected_survivors <= N
 
 

@@ -49,8 +49,10 @@ COMPARE_STEP_S = {1: 60e-9, 64: 300e-9}
 COMPARE_UNROLLED_WAIT_S, COMPARE_UNROLLED_STEP_S = 1e-6, 5e-9
 
 
-def compare(call, model, *, tile_n: int = 1, block: int = 2048, unrolled: bool = False):
+def compare(call, model, plan):
+    """plan: the compare backend's ComparePlan (kernels/isin/compare.py)."""
     m, n = call.m, call.n
+    tile_n, block, unrolled = plan.test_tile, plan.block_size, plan.unrolled_length > 0
     programs = max(1, -(-m // block))
     waves = -(-programs // (4 * model.sm_count))
     if tile_n == 1 and unrolled:
@@ -70,7 +72,7 @@ SORT_ONE_BLOCK = 4096
 SORT_MULTI_KERNEL_FLOOR_S = 60e-6
 
 
-def search(call, model):
+def search(call, model, plan=None):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     steps = max(1, math.ceil(math.log2(max(n, 2)))) + 1
     # The top ~10 levels of the implicit search tree are shared by all lanes and stay in L1.
@@ -123,10 +125,13 @@ def _atomics(n: float, table_bytes: float, model) -> float:
     return n * (hit * model.atomic + (1 - hit) * ATOMIC_DRAM_ACCESSES * model.gather_dram)
 
 
-def hash_(call, model, *, local_table_bytes: int, block: int = 4096):
+def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 4096):
+    """plan: the hash backend's HashPlan (kernels/isin/hash.py); without one (bitmap's estimate of
+    its hash-set fallback) the table is on chip when it fits in local_table_bytes."""
     m, n = call.m, call.n
     t_bytes = table_bytes(call)
-    if t_bytes <= local_table_bytes:
+    on_chip = plan.on_chip_slots > 0 if plan is not None else t_bytes <= local_table_bytes
+    if on_chip:
         # A first probe gathered from the on-chip copy (staged again for every block of `block`
         # elements); a quarter of the lanes probe on through L1.
         probes = (m * model.gather_smem + 0.25 * model.gather(m, 0, on_chip=True) * 4
@@ -140,7 +145,9 @@ def hash_(call, model, *, local_table_bytes: int, block: int = 4096):
                           memory=_stream(call, model), build=build, probes=probes)
 
 
-def bitmap(call, model, *, cap_bits: int, local_bytes: int):
+def bitmap(call, model, plan):
+    """plan: the bitmap backend's BitmapCostInputs (kernels/isin/bitmap.py)."""
+    cap_bits, local_bytes = plan.capacity_bits, plan.on_chip_bytes
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     bit_bytes = cap_bits / 8
     local = bit_bytes <= local_bytes

@@ -151,12 +151,12 @@ def _alloc(n: int, model) -> float:
 def _finisher(plan, key_bits: int, survivors: float) -> float:
     """Device time of one row's finishing program: search, collect, in-register sort."""
     steps = _search_steps(key_bits, plan.mode != "direct")
-    if survivors <= plan.FT:
+    if survivors <= plan.finish_tile:
         t = steps * STEP_LATENCY
     else:
-        t = (steps + 3) * math.ceil(survivors / plan.FT) * TILE_LATENCY
+        t = (steps + 3) * math.ceil(survivors / plan.finish_tile) * TILE_LATENCY
     if plan.sort_in_kernel:
-        t += _sort_latency(plan.KP)
+        t += _sort_latency(plan.k_padded)
     return t
 
 
@@ -197,7 +197,7 @@ def radix(call, model, plan):
         if plan.mode == "coop":
             host += 0.5 * model.torch_launch  # the zeroed workspace (a memset)
         parts["memory"] = max(memory / RADIX_PASS_EFFICIENCY, alu)
-        parts["sample"] = RADIX_FIXED + model.stream(R * plan.sample * 32)
+        parts["sample"] = RADIX_FIXED + model.stream(R * plan.sampled_elements * 32)
         # The last program of each row finishes it; rows finish in parallel.
         parts["finish"] = finish
     if plan.sort_after:
@@ -215,23 +215,23 @@ def tournament(call, model, plan):
     sms = max(1, model.sm_count)
     parts = _copy(call, model)
     host = parts.pop("copy_host", 0.0) + BOUND_LAUNCH + _alloc(3, model)
-    if plan.NB > 1:
+    if plan.programs_per_row > 1:
         host += 0.5 * model.torch_launch  # the zeroed tickets (a memset)
     host += _reshape_host(call, model)
-    programs = R * plan.NB
+    programs = R * plan.programs_per_row
     waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.warps)))
     # The input once, the group maxima written and read back (through L2, often not DRAM),
     # at the rate the resident warps stream it.
-    memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.MAXP * 4)
+    memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.group_maxima_slots * 4)
     resident = min(programs / sms, max(1, WARPS_PER_SM // plan.warps)) * plan.warps
     streamed = R * N * s / (min(programs, sms) * resident * TOURNAMENT_WARP_BANDWIDTH)
     parts["memory"] = max(memory, streamed)
     # Per program: the cut among the maxima, the hot groups re-read, their k largest.
     steps = _search_steps(32, True)
-    sort_k = _sort_latency(plan.KP) if call.sorted else 0.0
+    sort_k = _sort_latency(plan.k_padded) if call.sorted else 0.0
     per_program = 2 * steps * STEP_LATENCY + TILE_LATENCY
-    parts["select"] = waves * (per_program + (sort_k if plan.NB == 1 else 0.0))
-    if plan.NB > 1:
+    parts["select"] = waves * (per_program + (sort_k if plan.programs_per_row == 1 else 0.0))
+    if plan.programs_per_row > 1:
         # The last program of each row selects from the NB lists of winners.
         parts["finish"] = steps * STEP_LATENCY + TILE_LATENCY + sort_k
     return model.estimate(OP, "tournament", triton=True, launch=host, **parts)
@@ -247,13 +247,14 @@ def maxima(call, model, plan):
     host = parts.pop("copy_host", 0.0) + 2 * BOUND_LAUNCH + _alloc(3, model)
     host += _reshape_host(call, model)
     # Launch 1 streams the rows and writes the group and supergroup maxima.
-    maxima_bytes = R * (plan.NGR + plan.SR) * key_bits / 8
+    maxima_bytes = R * (plan.group_row_stride + plan.supergroup_row_stride) * key_bits / 8
     parts["memory"] = model.stream(R * N * s + maxima_bytes) / MAXIMA_PASS_EFFICIENCY
     # Launch 2: every program searches the cut among its row's supergroup maxima, scans its
     # share of the group maxima (from L2), gathers its hot groups, waits for the row's other
     # programs and ranks a share of the candidates: dependent steps, then the queue of
     # programs where there are many rows.
-    parts["select"] = (MAXIMA_SELECT + MAXIMA_PER_K * k + MAXIMA_PER_PROGRAM * R * plan.NB2
+    parts["select"] = (MAXIMA_SELECT + MAXIMA_PER_K * k
+                       + MAXIMA_PER_PROGRAM * R * plan.select_programs_per_row
                        + model.stream(_out_bytes(call)))
     if plan.sort_after:
         parts["sort_k"] = _torch_sort(model, R, k, s)

@@ -34,6 +34,7 @@ from .compare import CompareBackend
 from .hash import HashBackend
 from .search import SearchBackend
 
+
 # What other modules use (ops, routing, library, transforms, warm, tests).
 __all__ = ["OP", "IsinCall", "SUPPORTED_DTYPES", "_SUPPORTED", "prepare", "sample", "replay",
            "bitmap_capacity", "CompareBackend", "SearchBackend", "HashBackend", "BitmapBackend"]

@@ -3,11 +3,13 @@ when the range is too wide, decided on the device."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import Backend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
 from .call import IsinCall, _finish, _output, _trivial
@@ -138,11 +140,21 @@ def bitmap_capacity(n: int, dtype: torch.dtype) -> int:
     return min(BITMAP_MAX_BITS, max(1 << 16, 32 * next_pow2(n)))
 
 
+@dataclass(frozen=True)
+class BitmapCostInputs:
+    """What the cost model needs of a bitmap launch (its launches take their parameters from
+    the data on the device: the value range decides bitmap or hash set)."""
+
+    capacity_bits: int  # bits of the bitmap (bitmap_capacity)
+    on_chip_bytes: int  # a bitmap or table up to this size is copied on chip by each program
+
+
 class BitmapBackend(Backend):
     """A bitmap over the test set's value range, decided on the device: no host sync. When the
     range exceeds the bitmap's capacity the same kernels use the hash set instead."""
 
     name = "bitmap"
+    estimate = staticmethod(cost.bitmap)
     MINMAX_BLOCK = 1024
     MAX_PARTIALS = 1024
 
@@ -212,6 +224,5 @@ class BitmapBackend(Backend):
                                    BLOCKS_PER_PROGRAM=per, I64=i64, num_warps=warps))
         return _finish(call, out)
 
-    def cost(self, call: IsinCall, model) -> Estimate:
-        return cost.bitmap(call, model, cap_bits=bitmap_capacity(call.n, call.elements.dtype),
-                           local_bytes=LOCAL_TABLE_BYTES)
+    def plan(self, call: IsinCall, config=None, *, sms=None) -> BitmapCostInputs:
+        return BitmapCostInputs(bitmap_capacity(call.n, call.elements.dtype), LOCAL_TABLE_BYTES)

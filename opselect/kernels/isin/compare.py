@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
 from .call import IsinCall, _finish, _output, _trivial
@@ -51,14 +53,32 @@ def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl
     tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
-# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
-# go straight to the compiled kernel. A spec is every integer argument, constexpr and the warps,
-# plus the dtype of the inputs (the other tensors' dtypes follow from it and the spec).
-_COMPARE = Launcher(_compare_kernel)
+@dataclass(frozen=True, eq=False)
+class ComparePlan:
+    """One compare launch: the Launcher's spec (every value the kernel is specialised on) and the
+    cost model's input."""
+
+    dtype: torch.dtype  # of elements and test_elements (one compiled kernel per dtype)
+    elements: int  # M, a runtime argument Triton specialises (divisible by 16? one?)
+    test_elements: int  # N, likewise
+    invert: bool  # isin(..., invert=True)
+    block_size: int  # elements per program
+    test_tile: int  # test elements compared at once: 1 streams the set, more tile it
+    unrolled_length: int  # the test set padded to a power of two for the unrolled loop (0: a loop)
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int
 
 
-class CompareBackend(Backend):
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per plan, later
+# calls go straight to the compiled kernel.
+_COMPARE = Launcher(_compare_kernel, lambda p: dict(
+    INVERT=p.invert, BLOCK=p.block_size, TILE_N=p.test_tile, UNROLL=p.unrolled_length,
+    I64=p.offsets_64bit, num_warps=p.warps))
+
+
+class CompareBackend(PlannedBackend):
     name = "compare"
+    estimate = staticmethod(cost.compare)
     MAX_N = 4096  # beyond this the O(M * N) work is never competitive; keep tuning short
     # Test sets up to this size are walked by an unrolled loop (one compiled variant per power of
     # two, so at most 7).
@@ -85,17 +105,15 @@ class CompareBackend(Backend):
             return done
         x, t = flat(call.elements), flat(call.test)
         out = _output(call)
-        block, tile_n, warps = config["BLOCK"], config["TILE_N"], config["num_warps"]
-        m, n, invert = call.m, call.n, call.invert
-        unroll = next_pow2(n) if n <= self.MAX_UNROLL else 0
-        i64 = needs_int64(m)
-        _COMPARE((x.dtype, m, n, invert, block, tile_n, unroll, i64, warps), (cdiv(m, block),),
-                 (x, t, out, m, n),
-                 lambda: dict(INVERT=invert, BLOCK=block, TILE_N=tile_n, UNROLL=unroll, I64=i64,
-                              num_warps=warps))
+        plan = self.plan(call, config)
+        _COMPARE(plan, (cdiv(call.m, plan.block_size),), (x, t, out, call.m, call.n))
         return _finish(call, out)
 
-    def cost(self, call: IsinCall, model) -> Estimate:
-        first = self.configs(call)[0]
-        return cost.compare(call, model, tile_n=first["TILE_N"], block=first["BLOCK"],
-                            unrolled=call.n <= self.MAX_UNROLL)
+    def plan_facts(self, call: IsinCall) -> tuple:
+        return call.elements.dtype, call.m, call.n, call.invert
+
+    def make_plan(self, call: IsinCall, config, sms: int) -> ComparePlan:
+        n = call.n
+        return ComparePlan(call.elements.dtype, call.m, n, call.invert, config["BLOCK"],
+                           config["TILE_N"], next_pow2(n) if n <= self.MAX_UNROLL else 0,
+                           needs_int64(call.m), config["num_warps"])

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64
 from .call import IsinCall, _finish, _output, _trivial
-from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, _blocks_per_program, _hash_insert,
-                     _hash_probe_blocks, _key_bits, table_plan)
+from .common import (WIDE_BUCKET, _blocks_per_program, _hash_insert, _hash_probe_blocks, _key_bits,
+                     table_plan)
 
 
 @triton.jit
@@ -36,14 +38,41 @@ def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
                        LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM, MIX)
 
 
-_HASH_BUILD = Launcher(_hash_build_kernel)
+_HASH_BUILD = Launcher(_hash_build_kernel, lambda p: dict(
+    KEY_BITS=p.key_bits, BUCKET=p.bucket_width, MIX=p.murmur_mix, BLOCK=p.build_block,
+    num_warps=4))
 
 
-_HASH_PROBE = Launcher(_hash_probe_kernel)
+_HASH_PROBE = Launcher(_hash_probe_kernel, lambda p: dict(
+    KEY_BITS=p.key_bits, LOCAL_SLOTS=p.on_chip_slots, INVERT=p.invert, BLOCK=p.probe_block,
+    BLOCKS_PER_PROGRAM=p.blocks_per_program, MIX=p.murmur_mix, I64=p.offsets_64bit,
+    num_warps=p.warps))
 
 
-class HashBackend(Backend):
+@dataclass(frozen=True, eq=False)
+class HashPlan:
+    """The two launches of the hash backend (build the set, probe it): the Launchers' spec and
+    the cost model's input."""
+
+    dtype: torch.dtype  # of elements and test_elements
+    elements: int  # M
+    test_elements: int  # N
+    invert: bool  # isin(..., invert=True)
+    key_bits: int  # 32 or 64: the width of the table's keys
+    table_log2: int  # log2 of the table's slots
+    on_chip_slots: int  # slots each probing program copies on chip (0: read through L1/L2)
+    bucket_width: int  # slots read at once by a probe of a table read through L2
+    murmur_mix: bool  # floats in tables read through L2 go through murmur's finaliser
+    build_block: int  # test elements per building program
+    probe_block: int  # elements per probing block
+    blocks_per_program: int  # probing blocks per program (amortises the on-chip copy)
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int  # of the probing launch
+
+
+class HashBackend(PlannedBackend):
     name = "hash"
+    estimate = staticmethod(cost.hash_)
 
     def configs(self, call: IsinCall) -> list[dict]:
         if table_plan(call.n, _key_bits(call.elements.dtype), True)[1]:
@@ -65,36 +94,33 @@ class HashBackend(Backend):
         if done is not None:
             return done
         x, t = flat(call.elements), flat(call.test)
-        key_bits = _key_bits(x.dtype)
+        p = self.plan(call, config)
+        key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
+        # One slot past the table records whether the empty marker's own value is a member.
+        table = torch.full(((1 << p.table_log2) + 1,), torch.iinfo(key_dtype).min,
+                           dtype=key_dtype, device=x.device)
+        flag = table[1 << p.table_log2:]
+        _HASH_BUILD(p, (cdiv(p.test_elements, p.build_block),),
+                    (t, table, flag, p.test_elements, p.table_log2))
+        out = _output(call)
+        _HASH_PROBE(p, (cdiv(p.elements, p.probe_block * p.blocks_per_program),),
+                    (x, table, flag, out, p.elements, p.table_log2))
+        return _finish(call, out)
+
+    def plan_facts(self, call: IsinCall) -> tuple:
+        return call.elements.dtype, call.m, call.n, call.invert
+
+    def make_plan(self, call: IsinCall, config, sms: int) -> HashPlan:
+        dtype, m = call.elements.dtype, call.m
+        key_bits = _key_bits(dtype)
         log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("LOCAL")),
                                         config.get("SLOTS", 4))
-        key_dtype = torch.int64 if key_bits == 64 else torch.int32
-        # One slot past the table records whether the empty marker's own value is a member.
-        table = torch.full(((1 << log_t) + 1,), torch.iinfo(key_dtype).min, dtype=key_dtype,
-                           device=x.device)
-        flag = table[1 << log_t:]
-        build_block = 1024
         # Floats go through murmur's finaliser in tables read through L2; on-chip tables (up
         # to 1K-4K keys) keep Fibonacci hashing, which measured better there (16M elements in
         # 1K floats of integers: 0.083 ms against 0.147 ms on the H200).
-        is_float = x.dtype.is_floating_point
-        mix = is_float and not local_slots
-        m, n, invert = call.m, call.n, call.invert
-        bucket_width = 1 if local_slots else WIDE_BUCKET.value
-        _HASH_BUILD((x.dtype, n, log_t, bucket_width, mix), (cdiv(n, build_block),),
-                    (t, table, flag, n, log_t),
-                    lambda: dict(KEY_BITS=key_bits, BUCKET=bucket_width,
-                                 MIX=mix, BLOCK=build_block, num_warps=4))
-        out = _output(call)
-        block, warps = config["BLOCK"], config["num_warps"]
+        mix = dtype.is_floating_point and not local_slots
+        block = config["BLOCK"]
         per = _blocks_per_program(m, block, config["PER_PROGRAM"] if local_slots else 1)
-        i64 = needs_int64(m)
-        _HASH_PROBE((x.dtype, m, log_t, local_slots, invert, block, per, mix, i64, warps),
-                    (cdiv(m, block * per),), (x, table, flag, out, m, log_t),
-                    lambda: dict(KEY_BITS=key_bits, LOCAL_SLOTS=local_slots,
-                                 INVERT=invert, BLOCK=block, BLOCKS_PER_PROGRAM=per, MIX=mix,
-                                 I64=i64, num_warps=warps))
-        return _finish(call, out)
-
-    def cost(self, call: IsinCall, model) -> Estimate:
-        return cost.hash_(call, model, local_table_bytes=LOCAL_TABLE_BYTES)
+        return HashPlan(dtype, m, call.n, call.invert, key_bits, log_t, local_slots,
+                        1 if local_slots else WIDE_BUCKET.value, mix, 1024, block, per,
+                        needs_int64(m), config["num_warps"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64
 from .call import IsinCall, _finish, _output, _trivial
@@ -43,11 +45,25 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
     tl.store(out_ptr + offs, found != INVERT, mask=ok)
 
 
-_SEARCH = Launcher(_search_kernel)
+@dataclass(frozen=True, eq=False)
+class SearchPlan:
+    """One search launch: the Launcher's spec and the cost model's input."""
+
+    dtype: torch.dtype  # of elements and the sorted test set
+    elements: int  # M, a runtime argument Triton specialises
+    invert: bool  # isin(..., invert=True)
+    block_size: int  # elements per program
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int
 
 
-class SearchBackend(Backend):
+_SEARCH = Launcher(_search_kernel, lambda p: dict(INVERT=p.invert, BLOCK=p.block_size,
+                                                  I64=p.offsets_64bit, num_warps=p.warps))
+
+
+class SearchBackend(PlannedBackend):
     name = "search"
+    estimate = staticmethod(cost.search)
 
     def configs(self, call: IsinCall) -> list[dict]:
         return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 512, "num_warps": 4},
@@ -60,13 +76,14 @@ class SearchBackend(Backend):
         x = flat(call.elements)
         table = torch.sort(flat(call.test)).values  # NaN sorts last: below it nothing is skipped
         out = _output(call)
-        block, warps = config["BLOCK"], config["num_warps"]
-        m, n, invert = call.m, call.n, call.invert
-        i64 = needs_int64(m, n)
-        _SEARCH((x.dtype, m, invert, block, i64, warps), (cdiv(m, block),),
-                (x, table, out, m, n),
-                lambda: dict(INVERT=invert, BLOCK=block, I64=i64, num_warps=warps))
+        plan = self.plan(call, config)
+        # N (the binary search's length) is not specialised: the kernel says do_not_specialize.
+        _SEARCH(plan, (cdiv(call.m, plan.block_size),), (x, table, out, call.m, call.n))
         return _finish(call, out)
 
-    def cost(self, call: IsinCall, model) -> Estimate:
-        return cost.search(call, model)
+    def plan_facts(self, call: IsinCall) -> tuple:
+        return call.elements.dtype, call.m, call.invert, needs_int64(call.m, call.n)
+
+    def make_plan(self, call: IsinCall, config, sms: int) -> SearchPlan:
+        return SearchPlan(call.elements.dtype, call.m, call.invert, config["BLOCK"],
+                          needs_int64(call.m, call.n), config["num_warps"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import operator
 import warnings
+
 import torch
 
 from ...dispatch.device import device_info

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl

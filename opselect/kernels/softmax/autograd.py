@@ -4,6 +4,7 @@ forward backend ran (rows in registers, rows in two passes or split over program
 from __future__ import annotations
 
 import math
+
 import torch
 import triton
 import triton.language as tl

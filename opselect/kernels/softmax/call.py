@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
+
 import torch
 
 from ...dispatch.device import device_info

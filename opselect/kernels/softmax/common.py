@@ -4,6 +4,7 @@ that fused and multirow both launch, and the host arithmetic of warps, residency
 from __future__ import annotations
 
 import math
+
 import torch
 import triton
 import triton.language as tl

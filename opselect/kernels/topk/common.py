@@ -4,6 +4,7 @@ class of the planned backends."""
 
 from __future__ import annotations
 
+
 import torch
 import triton
 import triton.language as tl
@@ -326,25 +327,6 @@ def _key64(dtype: torch.dtype) -> bool:
     return dtype.itemsize == 8
 
 
-# ---------------------------------------------------------------------------------------------
-# radix
-# ---------------------------------------------------------------------------------------------
-class RadixPlan:
-    """Launch parameters of the radix backend for one (R, N, k, dtype, config).
-
-    mode: direct (rows of one tile: one program per row selects from the row), fused (one
-    program per row samples, filters and finishes), coop (several programs per row, one launch,
-    a per-row wait after sampling) or split (the same in two launches: samples, then filter)."""
-
-    __slots__ = ("mode", "SS", "SB", "MS", "m", "B", "TPP", "TILE", "SUB", "CAP",
-                 "EQ_CAP", "FT", "KP", "sort_in_kernel", "sort_after", "offsets", "ws_elems",
-                 "warps", "expected_survivors", "sample")
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}("
-                + ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__) + ")")
-
-
 class _PlannedBackend(PlannedBackend):
     """A topk backend whose launches follow a plan made from the call's rows, row length, k,
     dtype and order flag, the SM count and a config (memoised: dispatch.backend.PlannedBackend);
@@ -361,7 +343,7 @@ class _PlannedBackend(PlannedBackend):
             raise OpselectError(f"topk {self.name}: {p.reason}")
         x, row_stride, _ = _rows(call, unit_col=True)
         values, indices = _outputs(call)
-        ws = torch.empty(p.ws_elems, dtype=torch.int64, device=x.device)
+        ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=x.device)
         return p, x, row_stride, values, indices, ws
 
     def _finish(self, call: TopkCall, p, values: torch.Tensor, indices: torch.Tensor):

@@ -4,6 +4,9 @@ survivors (a programmatic dependent launch on Hopper)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import torch
 import triton
 import triton.language as tl
@@ -13,8 +16,8 @@ from ...heuristics import topk as cost
 from ...switches import enabled
 from .._common import Launcher, cdiv, next_pow2
 from .call import TopkCall, _trivial
-from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, RadixPlan, SPIN_LIMIT, _PlannedBackend, _cut,
-                     _key64, _key_limits, _order_key, _row_buffers, _select, _typed, _write_out)
+from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend, _cut, _key64,
+                     _key_limits, _order_key, _row_buffers, _select, _typed, _write_out)
 
 
 # maxima's second launch is a programmatic dependent launch on Hopper and later (sm_90+): it is
@@ -339,6 +342,7 @@ RHO = 3
 RHO_MIN = 1.25
 
 
+@dataclass(frozen=True, eq=False)
 class MaximaPlan:
     """Launch parameters of the maxima backend. Launch 1: NB programs per row, a chunk of CPP
     elements (whole TILEs) each, writing maxima of groups of G and
@@ -348,16 +352,40 @@ class MaximaPlan:
     to k_hi supergroup maxima reach it; candidates (CAP survivors at most, EQ_CAP ties) are
     ranked CB at a time against UB at a time."""
 
-    __slots__ = ("G", "TILE", "CPP", "NB", "evict", "SG", "S", "SR", "NG", "NGR", "SP",
-                 "NB2", "coop", "pdl", "GPP", "GT2", "HG", "k_hi", "CAP", "EQ_CAP", "FT", "CB",
-                 "UB", "sort_after", "warps1", "warps2", "offsets", "ws_elems", "reason")
-
-    __repr__ = RadixPlan.__repr__
+    group: int = 0  # elements per group (launch 1 writes each group's maximum)
+    tile: int = 0  # elements launch 1 loads at once
+    chunk: int = 0  # elements each launch-1 program takes (whole tiles)
+    programs_per_row: int = 0  # launch-1 programs per row
+    evict: str = ""  # launch 1's load eviction policy
+    supergroup: int = 0  # elements per supergroup (maxima of supergroups bound the cut)
+    supergroups: int = 0  # supergroups per row
+    supergroup_row_stride: int = 0  # workspace elements between rows of supergroup maxima
+    groups: int = 0  # groups per row
+    group_row_stride: int = 0  # workspace elements between rows of group maxima
+    supergroups_padded: int = 0  # supergroups rounded up to a power of two (at least 16)
+    select_programs_per_row: int = 0  # launch-2 programs per row
+    coop: bool = False  # launch-2 programs of a row wait for each other once (one grid resident)
+    pdl: bool = False  # launch 2 is a programmatic dependent launch (sm_90+)
+    groups_per_program: int = 0  # groups each launch-2 program scans
+    groups_per_scan: int = 0  # groups scanned at once
+    hot_groups_per_gather: int = 0  # hot groups gathered at once
+    k_hi: int = 0  # the cut stops once k to k_hi supergroup maxima reach it
+    survivor_capacity: int = 0  # candidates (keys above the cut) a row's buffer holds
+    tie_capacity: int = 0  # keys equal to the cut a row's buffer holds
+    finish_tile: int = 0  # candidates the finisher holds in registers at once
+    candidates_per_step: int = 0  # candidates ranked at once
+    rivals_per_step: int = 0  # rivals each candidate is compared with at once
+    sort_after: bool = False  # torch.sort orders the winners afterwards
+    pass_warps: int = 0  # warps of launch 1
+    select_warps: int = 0  # warps of launch 2
+    workspace_offsets: tuple = ()  # int64 offsets of the workspace's parts
+    workspace_elements: int = 0  # int64 elements of the workspace
+    reason: str | None = None  # why the plan cannot take the call (None: it can)
 
 
 def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
                 config: dict) -> MaximaPlan:
-    p = MaximaPlan()
+    p = SimpleNamespace()  # filled below, frozen at the end
     p.reason = None
     R, N, kk = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch
     sms = config.get("SMS", sms)
@@ -366,35 +394,35 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     g_min = config.get("G_MIN", 8)
     # Groups: at least 4 k of them, so that hot groups are few among many; about 256K at most
     # per row, so that launch 2 scans their maxima quickly (a hot group costs G loads).
-    p.G = config.get("G", max(64, min(512, next_pow2(cdiv(N, 1 << 18)))))
-    while p.G > g_min and cdiv(N, p.G) < 4 * kk:
-        p.G //= 2
+    p.group = config.get("G", max(64, min(512, next_pow2(cdiv(N, 1 << 18)))))
+    while p.group > g_min and cdiv(N, p.group) < 4 * kk:
+        p.group //= 2
     # Tiles: two programs per SM at least, where the rows allow.
-    p.TILE = config.get("TILE", 8192)
-    while p.TILE > max(p.G * 16, 1024) and R * cdiv(N, p.TILE) < 2 * sms:
-        p.TILE //= 2
-    p.TILE = max(p.TILE, p.G)
+    p.tile = config.get("TILE", 8192)
+    while p.tile > max(p.group * 16, 1024) and R * cdiv(N, p.tile) < 2 * sms:
+        p.tile //= 2
+    p.tile = max(p.tile, p.group)
     # Supergroups: the largest size that leaves RHO * k of them (a tight cut), no smaller than a
     # group, and no larger than a tile unless the row has more than s_max tiles.
     rho = config.get("RHO", RHO)
-    SG = p.G
-    while SG * 2 <= p.TILE and cdiv(N, SG * 2) >= rho * kk:
+    SG = p.group
+    while SG * 2 <= p.tile and cdiv(N, SG * 2) >= rho * kk:
         SG *= 2
     while cdiv(N, SG) > s_max:
         SG *= 2
-    p.SG = SG
-    p.S = cdiv(N, SG)
-    if p.S < RHO_MIN * kk:
+    p.supergroup = SG
+    p.supergroups = cdiv(N, SG)
+    if p.supergroups < RHO_MIN * kk:
         p.reason = (f"k={k} is too large a part of a row of {N}: the cut needs {RHO_MIN:g} k "
-                    f"supergroups of at least {p.G} elements")
+                    f"supergroups of at least {p.group} elements")
     # A chunk is TPP tiles (their loads overlap), or exactly one supergroup where supergroups
     # are longer than a tile (the pass kernel then keeps one running maximum per chunk).
-    p.CPP = SG if SG > p.TILE else p.TILE * config.get("TPP", 1)
-    p.NB = cdiv(N, p.CPP)
-    p.NG = cdiv(N, p.G)
-    p.NGR = p.NB * (p.CPP // p.G)
-    p.SR = p.NB * (p.CPP // SG)
-    p.SP = max(16, next_pow2(p.S))
+    p.chunk = SG if SG > p.tile else p.tile * config.get("TPP", 1)
+    p.programs_per_row = cdiv(N, p.chunk)
+    p.groups = cdiv(N, p.group)
+    p.group_row_stride = p.programs_per_row * (p.chunk // p.group)
+    p.supergroup_row_stride = p.programs_per_row * (p.chunk // SG)
+    p.supergroups_padded = max(16, next_pow2(p.supergroups))
     # The search stops at the first cut that k to k_hi supergroup maxima reach: a wide window
     # ends it sooner, at the price of a few more candidates.
     p.k_hi = max(kk, int(kk * config.get("K_HI", 1.5)))
@@ -403,44 +431,44 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     p.coop = config.get("COOP", True) and COOP_ALLOWED
     p.pdl = config.get("PDL", True) and PDL_ALLOWED
     per_sm = 1 if p.coop else config.get("PPS2", 2)
-    p.NB2 = max(1, min(sms * per_sm // R, cdiv(p.NG, 256)))
-    p.GPP = cdiv(p.NG, p.NB2)
-    p.GT2 = max(16, min(next_pow2(p.GPP), config.get("GT2_MAX", 2048)))
-    p.HG = max(1, config.get("GATHER", max(1024, 4 * p.G)) // p.G)
+    p.select_programs_per_row = max(1, min(sms * per_sm // R, cdiv(p.groups, 256)))
+    p.groups_per_program = cdiv(p.groups, p.select_programs_per_row)
+    p.groups_per_scan = max(16, min(next_pow2(p.groups_per_program), config.get("GT2_MAX", 2048)))
+    p.hot_groups_per_gather = max(1, config.get("GATHER", max(1024, 4 * p.group)) // p.group)
     # Candidates: about 1.2 k survivors for random data; room for several times that before
     # the last program gives up on them and selects from the row (tiles of FT). Ranking
     # compares CB candidates with UB others at a time. The ranks put the output in order, but
     # the whole-row path leaves 64-bit keys unordered: torch.sort orders those afterwards.
-    p.CAP = config.get("CAP", 8 * kk + 1024)
-    p.EQ_CAP = kk
-    p.FT = config.get("FT", 1024)
-    p.CB = config.get("CB", 16)
-    p.UB = config.get("UB", max(128, min(2048, next_pow2(kk * 3 // 2 + 64))))
+    p.survivor_capacity = config.get("CAP", 8 * kk + 1024)
+    p.tie_capacity = kk
+    p.finish_tile = config.get("FT", 1024)
+    p.candidates_per_step = config.get("CB", 16)
+    p.rivals_per_step = config.get("UB", max(128, min(2048, next_pow2(kk * 3 // 2 + 64))))
     p.sort_after = sorted_ and key64
-    p.warps1 = config.get("WARPS1", 8 if p.TILE >= 8192 else 4)
+    p.pass_warps = config.get("WARPS1", 8 if p.tile >= 8192 else 4)
     # The rows are read once: evict them first, so the maxima written beside them stay in L2
     # for launch 2 (measured on the H200: the 16M-element pass 22.3 -> 20.4 us).
     p.evict = config.get("EVICT", "evict_first")
-    p.warps2 = config.get("WARPS2", 8 if p.SP >= 2048 else 4)
+    p.select_warps = config.get("WARPS2", 8 if p.supergroups_padded >= 2048 else 4)
     # The workspace (int64 elements): counters [R, 8]; supergroup and group maxima (keys);
     # each launch-2 program's hot list (int32); the survivor buffer (int64) and, for 64-bit
     # keys, its indices (int32).
     unit = 1 if key64 else 0.5
     off = int(COUNTERS) * R
     off_smax = off
-    off += math.ceil(R * p.SR * unit)
+    off += math.ceil(R * p.supergroup_row_stride * unit)
     off_gmax = off
-    off += math.ceil(R * p.NGR * unit)
+    off += math.ceil(R * p.group_row_stride * unit)
     off_scr = off
-    off += cdiv(R * p.NB2 * p.GT2, 2)
+    off += cdiv(R * p.select_programs_per_row * p.groups_per_scan, 2)
     off_sbuf = off
-    slots = R * (p.CAP + p.EQ_CAP)
+    slots = R * (p.survivor_capacity + p.tie_capacity)
     off += slots
     off_sidx = off
     off += cdiv(slots, 2) if key64 else 0
-    p.offsets = (off_smax, off_gmax, off_scr, off_sbuf, off_sidx)
-    p.ws_elems = off
-    return p
+    p.workspace_offsets = (off_smax, off_gmax, off_scr, off_sbuf, off_sidx)
+    p.workspace_elements = off
+    return MaximaPlan(**vars(p))
 
 
 class MaximaBackend(_PlannedBackend):
@@ -485,7 +513,7 @@ class MaximaBackend(_PlannedBackend):
             return done
         p, x, row_stride, values, indices, ws = self._setup(call, config)
         R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
-        off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.offsets
+        off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.workspace_offsets
         flip = 0 if call.largest else -1
         # griddepcontrol needs sm_90; the interpreter has no such instruction.
         pdl = p.pdl and not call.info.interpreted and (call.info.capability or (0, 0)) >= (9, 0)
@@ -494,15 +522,19 @@ class MaximaBackend(_PlannedBackend):
         def flags():
             return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), PDL=pdl)
 
-        _MAXIMA_PASS(spec, (R, p.NB),
-                     (x, ws, off_smax, off_gmax, N, row_stride, p.NGR, p.SR, p.CPP, flip),
-                     lambda: dict(G=p.G, TILE=p.TILE, SG=p.SG, EVICT=p.evict,
-                                  num_warps=p.warps1, **flags()))
-        _MAXIMA_SELECT(spec, (R, p.NB2),
+        _MAXIMA_PASS(spec, (R, p.programs_per_row),
+                     (x, ws, off_smax, off_gmax, N, row_stride, p.group_row_stride,
+                      p.supergroup_row_stride, p.chunk, flip),
+                     lambda: dict(G=p.group, TILE=p.tile, SG=p.supergroup, EVICT=p.evict,
+                                  num_warps=p.pass_warps, **flags()))
+        _MAXIMA_SELECT(spec, (R, p.select_programs_per_row),
                        (x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
-                        N, row_stride, k, p.k_hi, p.NGR, p.SR, p.NG, p.S, p.GPP, p.NB2, p.CAP,
-                        p.EQ_CAP, flip),
-                       lambda: dict(COOP=p.coop, SP=p.SP, G=p.G, GT2=p.GT2, HG=p.HG, CB=p.CB,
-                                    UB=p.UB, FT=p.FT, num_warps=p.warps2, launch_pdl=pdl,
+                        N, row_stride, k, p.k_hi, p.group_row_stride, p.supergroup_row_stride,
+                        p.groups, p.supergroups, p.groups_per_program, p.select_programs_per_row,
+                        p.survivor_capacity, p.tie_capacity, flip),
+                       lambda: dict(COOP=p.coop, SP=p.supergroups_padded, G=p.group,
+                                    GT2=p.groups_per_scan, HG=p.hot_groups_per_gather,
+                                    CB=p.candidates_per_step, UB=p.rivals_per_step,
+                                    FT=p.finish_tile, num_warps=p.select_warps, launch_pdl=pdl,
                                     **flags()))
         return self._finish(call, p, values, indices)

@@ -4,6 +4,9 @@ that selects and sorts the k winners (one launch per row, cooperative, or split 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
 import torch
 import triton
 import triton.language as tl
@@ -11,7 +14,7 @@ import triton.language as tl
 from ...heuristics import topk as cost
 from .._common import Launcher, cdiv, next_pow2
 from .call import TopkCall, _outputs, _rows, _trivial
-from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, RadixPlan, SPIN_LIMIT, _PlannedBackend,
+from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend,
                      _key64, _key_limits, _kth, _order_key, _row_buffers, _select, _src_tile,
                      _store_winners, _typed, _write_out)
 
@@ -356,6 +359,40 @@ _RADIX_DIRECT = Launcher(_radix_direct_kernel)
 _RADIX_ROWS = Launcher(_radix_rows_kernel)
 
 
+@dataclass(frozen=True, eq=False)
+class RadixPlan:
+    """Launch parameters of the radix backend for one (R, N, k, dtype, config).
+
+    mode: direct (rows of one tile: one program per row selects from the row), fused (one
+    program per row samples, filters and finishes), coop (several programs per row, one launch,
+    a per-row wait after sampling) or split (the same in two launches: samples, then filter)."""
+
+    # direct (one tile per row), fused (one program per row samples, filters, finishes), coop
+    # (several programs per row, one launch) or split (two launches)
+    mode: str = ""
+    samples_per_block: int = 0  # elements each sampling block draws
+    sample_blocks: int = 0  # sampling blocks per row
+    tops_per_sample_block: int = 0  # largest keys each sampling block keeps for the threshold
+    # the threshold is the m-th largest sample (k scaled to the sample, plus a margin)
+    threshold_rank: int = 0
+    programs_per_row: int = 0  # filtering programs per row
+    tiles_per_program: int = 0  # tiles each filtering program streams
+    tile: int = 0  # elements a program loads at once
+    subtile: int = 0  # elements compared against the threshold at once within a tile
+    survivor_capacity: int = 0  # survivors (keys above the threshold) a row's buffer holds
+    tie_capacity: int = 0  # keys equal to the threshold a row's buffer holds
+    finish_tile: int = 0  # survivors the finisher holds in registers at once (a compiled size)
+    k_padded: int = 0  # k rounded up to a compiled sorting-network size
+    sort_in_kernel: bool = False  # the finisher sorts the k winners
+    sort_after: bool = False  # torch.sort orders them afterwards (64-bit keys, k past SORT_MAX)
+    expected_survivors: int = 0  # survivors the model expects per row
+    sampled_elements: int = 0  # elements sampled per row (0: no sampling)
+    # int64 offsets of the workspace's parts (lists, sbuf, sidx)
+    workspace_offsets: dict = field(default_factory=dict)
+    workspace_elements: int = 0  # int64 elements of the workspace
+    warps: int = 0  # warps of the filtering / finishing programs
+
+
 def _margin(mu: float) -> int:
     return math.ceil(mu + SIGMAS * math.sqrt(mu) + SIGMAS)
 
@@ -372,7 +409,7 @@ def _quantize(n: int, steps: tuple[int, ...]) -> int:
 def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
                config: dict) -> RadixPlan:
     key64 = _key64(dtype)
-    p = RadixPlan()
+    p = SimpleNamespace()  # filled below, frozen at the end
     R, N, k = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch; the plan must exist
     sms = config.get("SMS", sms)
     ft_max = config.get("FT_MAX", FINISH_TILE_MAX)
@@ -387,27 +424,28 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
         # few sizes, at some cost in padding (a longer sort, a half-empty tile).
         tiles_ft = tuple(t for t in (256, 1024, 4096, 8192) if t < ft_max) + (ft_max,)
         kps = (64, 1024)
-    p.TILE = config.get("TILE", 8192 if coop else 4096)
-    p.SUB = min(p.TILE, config.get("SUB", 512))
-    p.KP = _quantize(max(k, 1), kps)
+    p.tile = config.get("TILE", 8192 if coop else 4096)
+    p.subtile = min(p.tile, config.get("SUB", 512))
+    p.k_padded = _quantize(max(k, 1), kps)
     p.sort_in_kernel = sorted_ and not key64 and k <= SORT_MAX
     p.sort_after = sorted_ and not p.sort_in_kernel
-    p.EQ_CAP = max(k, 1)
-    p.m = p.SS = p.SB = p.MS = p.B = p.TPP = p.CAP = 1
-    p.sample = 0
+    p.tie_capacity = max(k, 1)
+    p.threshold_rank = p.samples_per_block = p.sample_blocks = p.tops_per_sample_block = 1
+    p.programs_per_row = p.tiles_per_program = p.survivor_capacity = 1
+    p.sampled_elements = 0
     p.mode = "direct"
-    p.FT = _quantize(N, tiles_ft)
+    p.finish_tile = _quantize(N, tiles_ft)
     p.expected_survivors = N
     if N > ft_max:
-        tiles = cdiv(N, p.TILE)
+        tiles = cdiv(N, p.tile)
         if config.get("SPLIT") == 1 or R >= sms:
             B = 1
         elif coop:
             B = max(1, min(tiles, sms // R))  # the whole grid resident: one program per SM
         else:
             B = max(1, min(tiles, cdiv(sms * config.get("PPS", 4), R)))
-        p.TPP = cdiv(tiles, B)
-        B = cdiv(tiles, p.TPP)
+        p.tiles_per_program = cdiv(tiles, B)
+        B = cdiv(tiles, p.tiles_per_program)
         # Each sampled element costs a 32-byte sector: at most 1/32 of the row, and beyond 64
         # blocks at most 1/256 of it (about 3% of the row's traffic).
         s_target = min(max(block, N // 32), max(64 * block, N // 256))
@@ -431,54 +469,55 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
             fits = 2 * m <= SB * MS <= UNION_MAX
         cap = math.ceil((m + SIGMAS * math.sqrt(m) + SIGMAS) / f) + 64
         if fits and cap < N // 2:
-            p.mode, p.SS, p.SB, p.MS, p.m, p.B = mode, SS, SB, MS, m, B
-            p.sample = SS * SB
-            p.CAP = max(cap, k)
+            p.mode, p.samples_per_block, p.sample_blocks = mode, SS, SB
+            p.tops_per_sample_block, p.threshold_rank, p.programs_per_row = MS, m, B
+            p.sampled_elements = SS * SB
+            p.survivor_capacity = max(cap, k)
             p.expected_survivors = min(N, math.ceil(m / f))
-            p.FT = _quantize(p.CAP, tiles_ft)
+            p.finish_tile = _quantize(p.survivor_capacity, tiles_ft)
             if mode == "fused":
                 # One program per row, several per SM: small tiles and few warps, so that
                 # one row's sampling and finishing overlap other rows' streaming.
-                p.TILE = config.get("FUSED_TILE", 2048)
-                p.SUB = min(p.TILE, p.SUB)
-                p.TPP = cdiv(N, p.TILE)
+                p.tile = config.get("FUSED_TILE", 2048)
+                p.subtile = min(p.tile, p.subtile)
+                p.tiles_per_program = cdiv(N, p.tile)
         else:
             # k is a large part of the row: no threshold filters well; select from the rows.
-            p.TPP = 1
-            p.FT = ft_max
+            p.tiles_per_program = 1
+            p.finish_tile = ft_max
     # The workspace (int64 elements): counters [R, 8], sample tops [R, SB * MS] keys, the
     # survivor buffer [R, CAP + EQ_CAP] int64 and, for 64-bit keys, its indices as int32.
-    slots = R * (p.CAP + p.EQ_CAP)
+    slots = R * (p.survivor_capacity + p.tie_capacity)
     counters = int(COUNTERS) * R
     offs = {"lists": counters}
-    lists = R * p.SB * p.MS if p.mode in ("coop", "split") else 0
+    lists = R * p.sample_blocks * p.tops_per_sample_block if p.mode in ("coop", "split") else 0
     off = counters + math.ceil(lists * (1 if key64 else 0.5))
     offs["sbuf"] = off
     off += slots
     offs["sidx"] = off
     off += math.ceil(slots / 2) if key64 else 0
-    p.offsets = offs
-    p.ws_elems = 0 if p.mode == "direct" else off
+    p.workspace_offsets = offs
+    p.workspace_elements = 0 if p.mode == "direct" else off
     # At most 16 elements of a tile per thread (more spill); the coop finisher lives with the
     # filter's warps, so its tile shrinks to fit them (longer survivor lists loop over tiles).
     if p.mode == "coop":
         # One program per SM, 16 warps: a finisher tile of 16 keys a thread, whatever the
         # survivor count (a fixed size: one compiled variant fewer per shape).
         p.warps = config.get("WARPS", 16)
-        p.FT = min(ft_max, 512 * p.warps)
+        p.finish_tile = min(ft_max, 512 * p.warps)
     elif p.mode == "direct":
-        p.warps = 4 if p.FT <= 2048 else (8 if p.FT <= 4096 else 16)
+        p.warps = 4 if p.finish_tile <= 2048 else (8 if p.finish_tile <= 4096 else 16)
     else:
-        p.warps = max(4, min(16, max(p.TILE, p.FT) // 512))
+        p.warps = max(4, min(16, max(p.tile, p.finish_tile) // 512))
         # As many warps as the finisher needs stream tiles of 16 elements a thread.
-        p.TILE = max(p.TILE, 512 * p.warps)
-        p.SUB = min(p.TILE, max(p.SUB, 512))
+        p.tile = max(p.tile, 512 * p.warps)
+        p.subtile = min(p.tile, max(p.subtile, 512))
         if p.mode == "fused":
-            p.TPP = cdiv(N, p.TILE)
+            p.tiles_per_program = cdiv(N, p.tile)
         elif p.mode == "split":
-            p.TPP = cdiv(cdiv(N, p.TILE), p.B)
-            p.B = cdiv(cdiv(N, p.TILE), p.TPP)
-    return p
+            p.tiles_per_program = cdiv(cdiv(N, p.tile), p.programs_per_row)
+            p.programs_per_row = cdiv(cdiv(N, p.tile), p.tiles_per_program)
+    return RadixPlan(**vars(p))
 
 
 class RadixBackend(_PlannedBackend):
@@ -525,39 +564,46 @@ class RadixBackend(_PlannedBackend):
         values, indices = _outputs(call)
         flip = 0 if call.largest else -1
         spec = (p, row_stride, flip)  # the plan fixes every other integer and constexpr
-        o = p.offsets
+        o = p.workspace_offsets
 
         def flags():
             return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), num_warps=p.warps)
 
         if p.mode == "direct":
             _RADIX_DIRECT(spec, (R,), (x, values, indices, N, row_stride, k, flip),
-                          lambda: dict(SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags()))
+                          lambda: dict(SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile,
+                                       **flags()))
         elif p.mode == "fused":
-            ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+            ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
             _RADIX_ROWS(spec, (R,),
-                        (x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k, p.m,
-                         p.CAP, p.EQ_CAP, flip),
-                        lambda: dict(SS=p.SS, TILE=p.TILE, SUB=p.SUB, SORT=p.sort_in_kernel,
-                                     KP=p.KP, FT=p.FT, **flags()))
+                        (x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k,
+                         p.threshold_rank, p.survivor_capacity, p.tie_capacity, flip),
+                        lambda: dict(SS=p.samples_per_block, TILE=p.tile, SUB=p.subtile,
+                                     SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile,
+                                     **flags()))
         else:
             coop = p.mode == "coop"
             if coop:
                 # The per-row counters start at zero (with the rest when that is small: one
                 # memset instead of an allocation and a memset).
-                if p.ws_elems <= (1 << 20):
-                    ws = torch.zeros(p.ws_elems, dtype=torch.int64, device=dev)
+                if p.workspace_elements <= (1 << 20):
+                    ws = torch.zeros(p.workspace_elements, dtype=torch.int64, device=dev)
                 else:
-                    ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
+                    ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
                     ws[:int(COUNTERS) * R].zero_()
             else:
-                ws = torch.empty(p.ws_elems, dtype=torch.int64, device=dev)
-                _RADIX_SAMPLE(spec, (R, p.SB), (x, ws, o["lists"], N, row_stride, p.SB, flip),
-                              lambda: dict(SS=p.SS, MS=p.MS, IS_FLOAT=dtype.is_floating_point,
+                ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
+                _RADIX_SAMPLE(spec, (R, p.sample_blocks),
+                              (x, ws, o["lists"], N, row_stride, p.sample_blocks, flip),
+                              lambda: dict(SS=p.samples_per_block, MS=p.tops_per_sample_block,
+                                           IS_FLOAT=dtype.is_floating_point,
                                            KEY64=_key64(dtype), num_warps=4))
-            _RADIX_FILTER(spec, (R, p.B),
+            _RADIX_FILTER(spec, (R, p.programs_per_row),
                           (x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N,
-                           row_stride, k, p.m, p.CAP, p.EQ_CAP, p.TPP, p.B, p.SB, flip),
-                          lambda: dict(COOP=coop, SS=p.SS, MS=p.MS, TILE=p.TILE, SUB=p.SUB,
-                                       SORT=p.sort_in_kernel, KP=p.KP, FT=p.FT, **flags()))
+                           row_stride, k, p.threshold_rank, p.survivor_capacity, p.tie_capacity,
+                           p.tiles_per_program, p.programs_per_row, p.sample_blocks, flip),
+                          lambda: dict(COOP=coop, SS=p.samples_per_block,
+                                       MS=p.tops_per_sample_block, TILE=p.tile, SUB=p.subtile,
+                                       SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile,
+                                       **flags()))
         return self._finish(call, p, values, indices)

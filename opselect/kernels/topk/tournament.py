@@ -3,14 +3,17 @@ selection over them (small k)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import triton
 import triton.language as tl
 
 from ...heuristics import topk as cost
 from .._common import Launcher, cdiv, next_pow2
 from .call import TopkCall, _shape_out, _trivial
-from .common import (MAX_ROW, RadixPlan, _PlannedBackend, _cut, _key_limits, _order_key, _select,
-                     _take_k, _write_out)
+from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _select, _take_k,
+                     _write_out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,19 +151,28 @@ TOURNAMENT_K_MAX = 256
 TOURNAMENT_FINISH_MAX = 8192
 
 
+@dataclass(frozen=True, eq=False)
 class TournamentPlan:
     """Launch parameters of the tournament backend: NB programs per row, each taking a chunk
     of CPP elements (whole TILEs) whose group maxima (groups of G) fit MAXP slots; HOT hot
     groups at most; the last program of a shared row selects from FT candidates."""
 
-    __slots__ = ("NB", "CPP", "G", "TILE", "MAXP", "HOT", "FT", "KP", "warps", "offsets",
-                 "ws_elems", "reason")
-
-    __repr__ = RadixPlan.__repr__
+    programs_per_row: int = 0  # programs per row
+    chunk: int = 0  # elements each program takes (whole tiles)
+    group: int = 0  # elements per group whose maximum the tournament keeps
+    tile: int = 0  # elements a program loads at once
+    group_maxima_slots: int = 0  # group maxima a program holds (a power of two)
+    hot_groups: int = 0  # groups at most that can hold a winner, gathered for the selection
+    finish_tile: int = 0  # candidates the last program of a shared row selects from
+    k_padded: int = 0  # k rounded up to a compiled sorting-network size
+    warps: int = 0  # warps per program
+    workspace_offsets: tuple = ()  # int64 offsets of the workspace's parts
+    workspace_elements: int = 0  # int64 elements of the workspace
+    reason: str | None = None  # why the plan cannot take the call (None: it can)
 
 
 def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> TournamentPlan:
-    p = TournamentPlan()
+    p = SimpleNamespace()  # filled below, frozen at the end
     p.reason = None
     R, N = max(R, 1), max(N, 1)  # empty calls never launch; their plan only has to exist
     tile_max = config.get("TILE", 8192)
@@ -168,8 +180,8 @@ def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> Tournamen
     finish_max = config.get("FINISH", TOURNAMENT_FINISH_MAX)
     kk = max(k, 1)
     # Room for twice k hot groups (maxima may tie at the cut); candidates HOT * G <= CANDIDATES.
-    p.HOT = max(16, next_pow2(2 * kk))
-    p.G = max(2, min(64, config.get("CANDIDATES", 2048) // p.HOT))
+    p.hot_groups = max(16, next_pow2(2 * kk))
+    p.group = max(2, min(64, config.get("CANDIDATES", 2048) // p.hot_groups))
     # Programs per row: several per SM in all (nothing waits, so nothing must be resident),
     # chunks of at least CHUNK_MIN elements, and each chunk's group maxima within one tile.
     if R >= 2 * sms:
@@ -179,37 +191,39 @@ def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> Tournamen
     nb = min(nb, max(1, finish_max // kk))
     # Long rows need more programs for their maxima to fit; twice the maxima per program
     # (a longer search) before more programs than the finishing tile can take.
-    need = cdiv(N, groups_max * p.G)
+    need = cdiv(N, groups_max * p.group)
     if nb < need and need * kk > finish_max:
         groups_max *= 2
-        need = cdiv(N, groups_max * p.G)
+        need = cdiv(N, groups_max * p.group)
     nb = max(nb, need)
     chunk = cdiv(N, nb)
     # Short chunks: smaller groups, so that the cut leaves few hot groups among many (with
     # HOT groups or fewer in all, every element is a candidate).
-    while p.G > 2 and chunk < 4 * kk * p.G:
-        p.G //= 2
-    p.TILE = max(p.G, min(tile_max, next_pow2(chunk)))
-    p.CPP = cdiv(chunk, p.TILE) * p.TILE
-    p.NB = cdiv(N, p.CPP) if N else 1
-    p.MAXP = max(16, next_pow2(cdiv(p.CPP, p.G)))
-    p.KP = max(16, next_pow2(kk))
-    p.FT = max(p.KP, next_pow2(p.NB * kk)) if p.NB > 1 else p.KP
-    if p.NB > 1 and p.NB * kk > finish_max:
-        p.reason = (f"a row of {N} needs {p.NB} programs, whose {p.NB * kk} candidates exceed "
+    while p.group > 2 and chunk < 4 * kk * p.group:
+        p.group //= 2
+    p.tile = max(p.group, min(tile_max, next_pow2(chunk)))
+    p.chunk = cdiv(chunk, p.tile) * p.tile
+    p.programs_per_row = cdiv(N, p.chunk) if N else 1
+    p.group_maxima_slots = max(16, next_pow2(cdiv(p.chunk, p.group)))
+    p.k_padded = max(16, next_pow2(kk))
+    p.finish_tile = (max(p.k_padded, next_pow2(p.programs_per_row * kk))
+                     if p.programs_per_row > 1 else p.k_padded)
+    if p.programs_per_row > 1 and p.programs_per_row * kk > finish_max:
+        p.reason = (f"a row of {N} needs {p.programs_per_row} programs, whose "
+                    f"{p.programs_per_row * kk} candidates exceed "
                     f"the finishing tile ({finish_max})")
     # Measured on an H100: 4 warps where programs are many (several share an SM, one's
     # searches overlap another's loads), 8 where about one program runs per SM.
-    p.warps = config.get("num_warps", 4 if R * p.NB >= 2 * sms else 8)
+    p.warps = config.get("num_warps", 4 if R * p.programs_per_row >= 2 * sms else 8)
     # The workspace, int64 elements: per-row tickets (int32), group maxima (int32), hot group
     # ids (int32), candidate lists (int64, shared rows only).
-    progs = R * p.NB
+    progs = R * p.programs_per_row
     off_max = cdiv(R, 2)
-    off_hot = off_max + cdiv(progs * p.MAXP, 2)
-    off_cand = off_hot + cdiv(progs * p.HOT, 2)
-    p.offsets = (off_max, off_hot, off_cand)
-    p.ws_elems = off_cand + (progs * kk if p.NB > 1 else 0)
-    return p
+    off_hot = off_max + cdiv(progs * p.group_maxima_slots, 2)
+    off_cand = off_hot + cdiv(progs * p.hot_groups, 2)
+    p.workspace_offsets = (off_max, off_hot, off_cand)
+    p.workspace_elements = off_cand + (progs * kk if p.programs_per_row > 1 else 0)
+    return TournamentPlan(**vars(p))
 
 
 class TournamentBackend(_PlannedBackend):
@@ -254,12 +268,14 @@ class TournamentBackend(_PlannedBackend):
             return done
         p, x, row_stride, values, indices, ws = self._setup(call, config)
         R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
-        if p.NB > 1:
-            ws[:p.offsets[0]].zero_()  # the per-row tickets
+        if p.programs_per_row > 1:
+            ws[:p.workspace_offsets[0]].zero_()  # the per-row tickets
         flip = 0 if call.largest else -1
-        _TOURNAMENT((p, row_stride, flip, call.sorted), (R, p.NB),
-                    (x, ws, *p.offsets, values, indices, N, row_stride, k, p.CPP, p.NB, flip),
-                    lambda: dict(SHARED=p.NB > 1, G=p.G, TILE=p.TILE, MAXP=p.MAXP, HOT=p.HOT,
-                                 FT=p.FT, SORT=call.sorted, KP=p.KP,
+        _TOURNAMENT((p, row_stride, flip, call.sorted), (R, p.programs_per_row),
+                    (x, ws, *p.workspace_offsets, values, indices, N, row_stride, k, p.chunk,
+                     p.programs_per_row, flip),
+                    lambda: dict(SHARED=p.programs_per_row > 1, G=p.group, TILE=p.tile,
+                                 MAXP=p.group_maxima_slots, HOT=p.hot_groups,
+                                 FT=p.finish_tile, SORT=call.sorted, KP=p.k_padded,
                                  IS_FLOAT=dtype.is_floating_point, num_warps=p.warps))
         return _shape_out(call, values, indices)
