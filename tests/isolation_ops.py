@@ -57,11 +57,35 @@ class Doubles(Backend):
         return Estimate(1e-3)
 
 
+class Fussy(Backend):
+    """Its first config, in the helper process only, scribbles over its input and floods fd 1 (as
+    a driver or compiler might); its later configs abort unless their input is the call's
+    `arange`: each config must get pristine inputs and a reply channel of its own."""
+
+    name = "fussy"
+    uses_triton = False
+
+    def configs(self, call):
+        return [{"scribble": True}, {"scribble": False}, {"scribble": False}]
+
+    def run(self, call, config):
+        in_helper = os.environ.get("OPSELECT_TUNE") == "0"  # what the helper process is started with
+        if in_helper and config["scribble"]:
+            call.x.fill_(float("nan"))
+            os.write(1, b"noise on fd 1 " * 20_000)
+        elif in_helper and not torch.equal(call.x, torch.arange(call.x.numel(), dtype=call.x.dtype)):
+            os.abort()
+        return call.x + call.x
+
+    def cost(self, call, model) -> Estimate:
+        return Estimate(2e-3)
+
+
 def sample(shapes, dtype, options, device):
     return (torch.randn(shapes[0], device=device).to(dtype),), {}
 
 
 OP = register(Op(NAME, prepare, [
     TorchBackend(lambda call: call.x * 2, lambda call, model: Estimate(1e-3)),
-    Aborts(), Raises(), Doubles(),
+    Aborts(), Raises(), Doubles(), Fussy(),
 ], sample=sample, replay=lambda call: ((call.x,), {})))

@@ -135,8 +135,10 @@ def test_debug_shows_the_traceback(capsys):
 def test_ctrl_c_on_warm_exits_130_and_keeps_what_finished(tmp_path):
     """SIGINT to `opselect warm` after its first record: exit 130, finished records kept."""
     spec = tmp_path / "spec.yaml"
+    # Far more entries than warm finishes between two polls (records reach the file in batches):
+    # with 30, a loaded machine once saw the first record only as warm ended, and exit 0.
     spec.write_text("".join(f"- {{op: permute, shapes: [[{n}, 3]], dtypes: [float32], "
-                            f"options: {{dims: [1, 0]}}}}\n" for n in range(40, 70)))
+                            f"options: {{dims: [1, 0]}}}}\n" for n in range(40, 400)))
     env = dict(os.environ, OPSELECT_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT))
     if not torch.cuda.is_available():

@@ -48,6 +48,38 @@ def test_warm_of_a_crashing_candidate_exits_normally(capsys):
     assert isolation_ops.NAME in out.out and "Traceback" not in out.err
 
 
+def test_every_config_gets_pristine_inputs_sent_once():
+    """A call's configs share one copy of its inputs in the helper (sent once), yet each runs on
+    fresh tensors, and a candidate flooding fd 1 does not corrupt or block the replies."""
+    op = get_op(isolation_ops.NAME)
+    call = op.prepare(torch.arange(4096.0))
+    fussy = op.backend("fussy")
+    runs = [("fussy", cfg) for cfg in fussy.configs(call)] + [("doubles", {})]
+    assert isolation.first_runs(op, runs, call) == {}
+    assert torch.equal(call.x, torch.arange(4096.0))  # the user's tensor was never touched
+    # a later call's inputs replace the held ones
+    other = op.prepare(torch.arange(7.0))
+    assert isolation.first_runs(op, [("fussy", {"scribble": False})], other) == {}
+    assert isolation.first_runs(op, [("aborts", {}), ("fussy", {"scribble": False})], other) \
+        == {0: "crashed: killed by SIGABRT"}
+
+
+def test_a_helper_that_stops_reading_does_not_block_the_caller(monkeypatch):
+    """A helper stuck before reading (a hung driver call) with a request larger than the pipe
+    holds: the write is given up after the timeout, the candidate is reported, nothing hangs."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(isolation, "TIMEOUT_S", 1.0)
+    monkeypatch.setattr(isolation._Child, "_start", lambda self: subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    op = get_op(isolation_ops.NAME)
+    call = op.prepare(torch.zeros(1 << 20))  # 4 MB: far more than a pipe buffers
+    assert isolation.first_runs(op, [("doubles", {})], call) == \
+        {0: "timeout: it took no request within 1 s"}
+
+
 def test_isolation_off_runs_in_process(monkeypatch):
     """OPSELECT_TUNE_ISOLATE=0: nothing is sent to a helper process."""
     monkeypatch.setattr(isolation, "ENABLED", False)

@@ -9,6 +9,7 @@ every call, so the dispatcher always has a safe choice.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -112,13 +113,25 @@ class TorchBackend(Backend):
 
     def __init__(self, fn: Callable[[Any], Any], estimate: Callable[[Any, Any, Any], Estimate]):
         self._fn = fn
-        self.estimate = estimate  # (call, model, plan) -> Estimate; torch's op has no plan: None
+        self.estimate = _with_plan_argument(estimate)  # torch's op has no plan: it gets None
 
     def supports(self, call: Any) -> str | None:
         return None
 
     def run(self, call: Any, config: Config) -> Any:
         return self._fn(call)
+
+
+def _with_plan_argument(estimate: Callable[..., Estimate]) -> Callable[[Any, Any, Any], Estimate]:
+    """Accept an estimate written as (call, model), the form before plans existed, as well as
+    (call, model, plan): a user's own op keeps working."""
+    try:
+        inspect.signature(estimate).bind(None, None, None)
+    except TypeError:
+        return lambda call, model, plan: estimate(call, model)
+    except ValueError:  # a builtin without a signature: assume the current form
+        pass
+    return estimate
 
 
 class PlannedBackend(Backend):

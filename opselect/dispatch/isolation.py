@@ -132,6 +132,7 @@ class _Child:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
+        self.inputs: int | None = None  # which call's arguments the running process holds
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, OPSELECT_TUNE="0", OPSELECT_TUNE_ISOLATE="0",
@@ -140,26 +141,50 @@ class _Child:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=env)
 
-    def run(self, request: dict, blobs: list[bytes]) -> tuple[str, str]:
+    def run(self, request: dict, blobs: list[bytes], inputs: int) -> tuple[str, str]:
         """('ok', '') | ('error', message) | ('crashed', how) | ('timeout', '') |
-        ('unavailable', why): the helper process cannot be started here."""
+        ('unavailable', why): the helper process cannot be started here. `inputs` names the
+        call's arguments (request["args"], request["kwargs"] and the blobs): a process that
+        already holds them is sent only the backend and config (a call tunes a dozen configs,
+        and a 256 MB input through a pipe costs most of a second each time)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
+                self.inputs = None
                 try:
                     self.proc = self._start()
                 except OSError as exc:  # no permission to run Python here, no processes left
                     return "unavailable", str(exc)
             proc = self.proc
+            if self.inputs == inputs:
+                request = {k: v for k, v in request.items() if k not in ("args", "kwargs")}
+                request["same_inputs"] = True
+                blobs = []
+            # A helper that stops reading (stuck in a driver call) must not block this process
+            # forever on a full pipe: the watchdog ends it, and the write then fails.
+            stuck = threading.Event()
+            watchdog = threading.Timer(TIMEOUT_S, lambda: (stuck.set(), proc.kill()))
+            watchdog.start()
             try:
-                _write_message(proc.stdin, request, blobs)
+                try:
+                    _write_message(proc.stdin, request, blobs)
+                finally:
+                    watchdog.cancel()
+                self.inputs = inputs
                 ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
                 if not ready:
                     self._stop()
                     return "timeout", f"no answer within {TIMEOUT_S:g} s"
                 header, _ = _read_message(proc.stdout)
-            except (EOFError, BrokenPipeError, OSError, ValueError):
-                code = proc.wait(timeout=30) if proc.poll() is None else proc.returncode
+            except (EOFError, OSError, ValueError) as exc:  # it died, or its reply is not ours
+                if proc.poll() is None:
+                    proc.kill()
+                code = proc.wait()
                 self.proc = None
+                self.inputs = None
+                if stuck.is_set():
+                    return "timeout", f"it took no request within {TIMEOUT_S:g} s"
+                if isinstance(exc, ValueError):
+                    return "crashed", "its reply was malformed"
                 return "crashed", _how(code)
             return ("ok", "") if header.get("ok") else ("error", str(header.get("error")))
 
@@ -168,6 +193,7 @@ class _Child:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+            self.inputs = None
 
     def close(self) -> None:
         with self.lock:
@@ -192,6 +218,7 @@ def _how(code: int | None) -> str:
 
 
 _child = _Child()
+_calls_sent = 0  # numbers each call's arguments, for _Child.run
 atexit.register(lambda: _child.close())
 
 
@@ -199,7 +226,7 @@ def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any) -> dict[int, st
     """Run each (backend name, config) once on the call in the helper process; returns {index
     in runs: reason} for those that crashed or raised there (the others ran fine). Returns {}
     when isolation is off or the op cannot replay its calls (they then run in-process)."""
-    global ENABLED
+    global ENABLED, _calls_sent
     if not ENABLED or getattr(op, "replay", None) is None or not runs:
         return {}
     try:
@@ -211,10 +238,11 @@ def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any) -> dict[int, st
     except TypeError:
         return {}  # an argument that does not travel: run in-process as before
     failed = {}
+    _calls_sent += 1
     module = getattr(op.prepare, "__module__", "opselect")
     for i, ((name, _), config) in enumerate(zip(runs, configs)):
         request = {"module": module, "op": op.name, "backend": name, "config": config, **payload}
-        status, detail = _child.run(request, enc.blobs)
+        status, detail = _child.run(request, enc.blobs, _calls_sent)
         if status == "unavailable":
             ENABLED = False
             warnings.warn(f"opselect: tuning cannot start its first-run process ({detail}); "

@@ -3,6 +3,7 @@ parent sends, and replies whether it finished (`python -m opselect.dispatch.isol
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -14,14 +15,25 @@ from .op import get_op
 def _serve() -> int:
     import importlib
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    # Anything the kernels print must not corrupt the replies.
+    stdin = sys.stdin.buffer
+    # Anything the kernels, the compiler or a driver prints must not corrupt the replies (or fill
+    # the pipe while the parent waits to write): replies go to a private copy of fd 1, and fd 1
+    # itself, for Python and C alike, now goes where stderr goes.
+    sys.stdout.flush()
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
+    inputs: dict = {}  # the last call's arguments: later configs of the call arrive without them
     while True:
         try:
             request, blobs = _read_message(stdin)
         except EOFError:
             return 0
+        if request.get("same_inputs"):
+            request.update(args=inputs.get("args", []), kwargs=inputs.get("kwargs", {}))
+            blobs = inputs.get("blobs", [])
+        else:
+            inputs = {"args": request["args"], "kwargs": request["kwargs"], "blobs": blobs}
         try:
             importlib.import_module(request["module"])
             op = get_op(request["op"])
