@@ -72,7 +72,7 @@ def main() -> None:
             public = getattr(opselect.ops, name)
             public(*a, **kw)  # decide once: later calls hit the memo
             call = op.prepare(*a, **kw)
-            choice = op._memo[call.key]
+            choice = op.chosen(call)
         except Exception as exc:  # noqa: BLE001 - an op not built yet is skipped, not fatal
             print(f"skipping {label}: {type(exc).__name__}: {exc}")
             continue

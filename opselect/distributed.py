@@ -149,7 +149,7 @@ def _merge(entries: list[tuple[int, dict]]) -> tuple[str, dict]:
     if timings:
         names = sorted(timings, key=lambda n: (n != "torch", n))  # torch first: the margin
         able = [Candidate(n, None, measured_s=timings[n]) for n in names]
-        best = _op_module.choose(able, lambda c: c.measured_s)
+        best = _op_module.choose(able, lambda c: c.measured_s, _op_module.MEASURED_TORCH_MARGIN)
         chosen = best.name
     else:
         chosen = min(entries, key=lambda re: re[0])[1]["choice"]
@@ -175,6 +175,11 @@ def sync(group: Any = None) -> int:
         if here is not None and mine != 0:
             scales = consts.pop("scales", {})
             device_model._models[cache_key] = device_model.with_calibration(here, consts, scales)
+    if mine != 0:
+        # Cold choices are the model's: made again with rank 0's constants, they agree (a
+        # cold choice depends on the exact call and the model only, Op._cold).
+        for op in all_ops():
+            op._cold.clear()
     by_key: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for rank, entries in enumerate(ranks):
         for e in entries:

@@ -70,12 +70,20 @@ def cpu_triton() -> str:
 def fake_measure(monkeypatch):
     """Tuning without real timing: isin's search is fastest, every backend measured, and the
     records carry the real source hashes."""
+    times = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
+    fake_timing(monkeypatch, lambda what: times[what.split("/")[1].split()[0]])
+    return times
+
+
+def fake_timing(monkeypatch, seconds_of) -> None:
+    """Both stages of tuning's measuring (each configuration, then the candidates in turns)
+    answer seconds_of(what) ("op/backend {config}") instead of running anything."""
     from opselect.dispatch import tuning_mode
 
-    times = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
     monkeypatch.setattr(tuning_mode, "measure_safely",
-                        lambda fn, device, what, **kw: times[what.split("/")[1].split()[0]])
-    return times
+                        lambda fn, device, what, **kw: seconds_of(what))
+    monkeypatch.setattr(tuning_mode, "time_interleaved",
+                        lambda items, device, **kw: [seconds_of(what) for what, _fn in items])
 
 
 @pytest.fixture

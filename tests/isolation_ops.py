@@ -21,7 +21,7 @@ class DoubleCall(Call):
 def prepare(x: torch.Tensor) -> DoubleCall:
     call = DoubleCall()
     call.x, call.info = x, device_info(x.device)
-    call.key = (x.device, x.dtype, tuple(x.shape))
+    call.key = call.exact = (x.device, x.dtype, tuple(x.shape))
     return call
 
 

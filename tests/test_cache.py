@@ -16,7 +16,7 @@ import torch
 
 import opselect
 from opselect import ops
-from opselect.dispatch import device_info, get_op, tuning
+from opselect.dispatch import device_info, get_op, tuning, tuning_mode
 from opselect.errors import CacheWarning
 from opselect.tune_cache import reset, store
 from opselect.tune_cache.storage import tune_key
@@ -132,6 +132,26 @@ def test_invalid_record_is_ignored_and_remeasured(cpu_triton, fake_measure):
             assert torch.equal(ops.isin(a, b), torch.isin(a, b))
     opselect.forget()
     assert opselect.explain("isin", a, b, show=False).source == "cache"  # re-measured, rewritten
+
+
+def test_timings_measured_another_way_are_measured_again(cpu_triton, fake_measure):
+    """Each timing says how it was measured; timings taken another way (older records: device
+    time only, no method) are not compared with today's: the call is measured again."""
+    a, b = tuned_cache()
+    key = _record_key(a, b)
+    reset()
+    record = json.loads(_raw_get(key))
+    assert {t["method"] for t in record["timings"].values()} == {tuning_mode.METHOD}
+    for timing in record["timings"].values():
+        del timing["method"]
+    _raw_set(json.dumps(record), key)
+    opselect.forget()
+    assert opselect.explain("isin", a, b, show=False).source == "model"
+    with tuning():
+        ops.isin(a, b)
+    opselect.forget()
+    assert opselect.explain("isin", a, b, show=False).source == "cache"
+    assert json.loads(_raw_get(key))["timings"]["torch"]["method"] == tuning_mode.METHOD
 
 
 def test_stale_fingerprint_is_ignored(cpu_triton, fake_measure):

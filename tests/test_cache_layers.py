@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import opselect
+from conftest import fake_timing
 from opselect import ops
 from opselect.cli import main
 from opselect.dispatch import get_op, tuning
@@ -208,12 +209,8 @@ def test_a_failing_hook_is_removed_with_one_warning(cpu_triton):
 def fake_measure_all(monkeypatch):
     """Tuning without real timing, for every op: each backend a fixed time (search and naive
     fastest), the records carrying the real source hashes."""
-    from opselect.dispatch import tuning_mode
-
     times = {"search": 1e-3, "naive": 1e-3}
-    monkeypatch.setattr(tuning_mode, "measure_safely",
-                        lambda fn, device, what, **kw: times.get(
-                            what.split("/")[1].split()[0], 5e-3))
+    fake_timing(monkeypatch, lambda what: times.get(what.split("/")[1].split()[0], 5e-3))
 
 
 def test_record_warm_freeze_round_trip(tmp_path, capsys, cpu_triton, fake_measure_all):

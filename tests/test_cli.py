@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import opselect
+from conftest import fake_timing
 from opselect import warm as warm_mod
 from opselect.cli import main
-from opselect.dispatch import tuning_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def fake_measure(monkeypatch):
     times = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
-    monkeypatch.setattr(tuning_mode, "measure_safely",
-                        lambda fn, device, what, **kw: times.get(what.split("/")[1].split()[0], 1.0))
+    fake_timing(monkeypatch, lambda what: times.get(what.split("/")[1].split()[0], 1.0))
     return times
 
 

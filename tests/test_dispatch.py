@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import opselect
+from conftest import fake_timing
 from opselect import ops
 from opselect.dispatch import bucket, get_op, tuning
 from opselect.dispatch import tuning_mode as tuning_mod
@@ -29,12 +30,12 @@ def fake_times(monkeypatch):
     table = {"torch": 5e-3, "compare": 4e-3, "search": 1e-3, "hash": 2e-3, "bitmap": 3e-3}
     seen = []
 
-    def fake_measure(fn, device, what, **kw):
+    def fake_seconds(what):
         name = what.split("/")[1].split()[0]
         seen.append(name)
         return table[name]
 
-    monkeypatch.setattr(tuning_mod, "measure_safely", fake_measure)
+    fake_timing(monkeypatch, fake_seconds)
     return table, seen
 
 
@@ -126,9 +127,18 @@ def test_changed_kernel_remeasures_only_that_backend(cpu_triton, isin_op, fake_t
     seen.clear()
     hash_backend = isin_op.backend("hash")
     monkeypatch.setitem(hash_backend.__dict__, "_source_hash", "edited-kernel")
+    in_turns = []
+
+    def settle(items, device, **kw):
+        names = [what.split("/")[1].split()[0] for what, _fn in items]
+        in_turns.extend(names)
+        return [table[n] for n in names]
+
+    monkeypatch.setattr(tuning_mod, "time_interleaved", settle)
     with tuning():
         ops.isin(a, b)
-    assert set(seen) == {"hash"}
+    assert set(seen) == {"hash"}  # only its configurations are searched again ...
+    assert sorted(in_turns) == sorted(table)  # ... then it is timed in turns with every other
 
 
 def test_cache_and_model_mixed(cpu_triton, isin_op, fake_times, monkeypatch):

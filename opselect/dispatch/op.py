@@ -23,16 +23,22 @@ from .decision import Candidate, Decision
 from .device import DeviceInfo
 
 AUTO = ("auto", None)
-#: Another backend is chosen over torch only if it is at least this much faster (time ratio).
+#: Another backend is chosen over torch only if it is at least this much faster (time ratio) by
+#: the cost model's estimates (their error is larger than that) ...
 TORCH_MARGIN = 0.93
+#: ... or by this much when every candidate was timed in turns with the others (stage 2 of
+#: measuring): a wider margin there would keep torch over a measured 5% gain, a tuned choice
+#: slower than the cold one it replaced.
+MEASURED_TORCH_MARGIN = 0.97
 
 
-def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float]) -> Candidate:
+def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
+           margin: float = TORCH_MARGIN) -> Candidate:
     """The fastest of the supported candidates by time_of, unless torch (the first, when it can
-    take the call) is within TORCH_MARGIN of it."""
+    take the call) is within `margin` of it."""
     best = min(able, key=time_of)
     safe = able[0] if able[0].name == "torch" else None
-    if safe is not None and best is not safe and time_of(best) > TORCH_MARGIN * time_of(safe):
+    if safe is not None and best is not safe and time_of(best) > margin * time_of(safe):
         # Within the noise of a measurement (or the error of the model), stay with torch: never
         # losing to it matters more than a few percent.
         best = safe
@@ -45,12 +51,17 @@ class Call:
     `key` identifies the decision: (torch.device, dtypes..., shape buckets..., flags...). Its
     first element names the device in this process only; the tune cache stores key[1:] under the
     device's hardware identity instead.
+
+    `exact` identifies the call itself (the key with exact sizes, and whatever else the cost
+    model reads): the cost model's choices are memoised under it, so that they depend on the
+    call alone, not on which call of its bucket came first.
     """
 
-    __slots__ = ("info", "key")
+    __slots__ = ("info", "key", "exact")
 
     info: DeviceInfo
     key: tuple
+    exact: tuple
 
     @property
     def empty(self) -> bool:
@@ -102,7 +113,10 @@ class Op:
         if not self.backends or self.backends[0].name != "torch":
             raise ValueError(f"op {name!r}: the first backend must be 'torch' (the safe fallback)")
         self._by_name = {b.name: b for b in self.backends}
+        #: settled choices (measured, cached, the only candidate, agreed across ranks) per key
         self._memo: dict[tuple, Choice] = {}
+        #: the cost model's (provisional) choices, per exact call (Call.exact)
+        self._cold: dict[tuple, Choice] = {}
         self._forced: dict[tuple, Choice] = {}
 
     # -- the call -------------------------------------------------------------------------------
@@ -114,8 +128,10 @@ class Op:
         then this, which saves repacking their keyword arguments on every call."""
         if backend is None or backend == "auto":
             choice = self._memo.get(call.key)
-            if choice is None or (choice.provisional and _tuning.state.active):
-                choice = self._select(call)
+            if choice is None:
+                choice = self._cold.get(call.exact)
+                if choice is None or _tuning.state.active:
+                    choice = self._select(call)
         else:
             choice = self._forced.get((backend, call.key)) or self._force(call, backend)
         info = call.info
@@ -129,7 +145,7 @@ class Op:
         """The choice a run of this call used, or would use from the memo (None: not decided
         yet in this process)."""
         if backend is None or backend == "auto":
-            return self._memo.get(call.key)
+            return self._memo.get(call.key) or self._cold.get(call.exact)
         return self._forced.get((backend, call.key))
 
     @property
@@ -164,7 +180,7 @@ class Op:
 
     def _select(self, call: Call) -> Choice:
         decision = self.decide(call)
-        choice = self._memo[call.key] = Choice.of(self, decision)
+        choice = self._remember(call, Choice.of(self, decision))
         from .. import observe  # (imports the dispatch package: not at module level)
 
         observe.decided(self, call, decision)
@@ -218,20 +234,31 @@ class Op:
         missing = [c for c in able if c.measured_s is None]
         tuned = False
         if tune and missing:
+            # Stage 1: the best configuration of each backend not measured yet.
             fresh = self._measure([self._by_name[c.name] for c in missing], call)
             for c in missing:
                 c.measured_s, c.config = fresh[c.name]
+            # Stage 2: every candidate (the model's choice and torch among them) with its best
+            # configuration, timed against the others as the program will run them; the
+            # choice follows these times, so a winner replaces the current choice only if it
+            # wins here too. The cached ones are timed again: times taken in another process
+            # (other clocks, other neighbours) do not compare with these.
+            settled = self._settle(able, call)
             cache.put_timings(self.name, call.info, call.key[1:],
-                              {n: (t, cfg, self._by_name[n].source_hash) for n, (t, cfg) in fresh.items()})
+                              {c.name: (settled[c.name], c.config, self._by_name[c.name].source_hash)
+                               for c in able})
+            for c in able:
+                c.measured_s = settled[c.name]
             tuned = True
 
         def time_of(c: Candidate) -> float:
             return c.measured_s if c.measured_s is not None else c.predicted_s
 
-        best = choose(able, time_of)
+        all_measured = all(c.measured_s is not None for c in able)
+        best = choose(able, time_of, MEASURED_TORCH_MARGIN if all_measured else TORCH_MARGIN)
         if tuned:
             source = "tuning"
-        elif all(c.measured_s is not None for c in able):
+        elif all_measured:
             source = "cache"
         elif any(c.measured_s is not None for c in able):
             source = "cache+model"
@@ -278,6 +305,22 @@ class Op:
                 best[backend.name] = (t, cfg)
         return best
 
+    def _settle(self, able: list[Candidate], call: Call) -> dict[str, float]:
+        """Stage 2 of measuring (tuning_mode.time_interleaved): seconds per call of each
+        candidate's configuration in turns with the others; inf for one that failed before."""
+        items, names = [], []
+        for c in able:
+            if c.measured_s is not None and math.isinf(c.measured_s):
+                continue  # failed in stage 1 (or when it was recorded): never chosen
+            backend, cfg = self._by_name[c.name], dict(c.config or {})
+            fn = lambda backend=backend, cfg=cfg: backend.run(call, cfg)  # noqa: E731
+            if self.timed is not None:
+                fn = self.timed(call, fn)
+            items.append((f"{self.name}/{c.name} {cfg}", fn))
+            names.append(c.name)
+        times = dict(zip(names, _tuning.time_interleaved(items, _device_of(call))))
+        return {c.name: times.get(c.name, math.inf) for c in able}
+
     # -- explain --------------------------------------------------------------------------------
     def explain(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Decision:
         call = self.prepare(*args, **kwargs)
@@ -286,14 +329,22 @@ class Op:
             decision = self.decide(call, tune=False)
             decision.choice, decision.config, decision.source = chosen.backend.name, chosen.config, "forced"
             return decision
-        memo = self._memo.get(call.key)
+        memo = self._memo.get(call.key) or self._cold.get(call.exact)
         decision = self.decide(call)
         if memo is not None and not (memo.provisional and _tuning.state.active):
             decision.choice, decision.config = memo.backend.name, memo.config
             decision.source, decision.detail = "memo", f"decided earlier by {memo.source}"
         else:
-            self._memo[call.key] = Choice.of(self, decision)
+            self._remember(call, Choice.of(self, decision))
         return decision
+
+    def _remember(self, call: Call, choice: Choice) -> Choice:
+        if choice.provisional:
+            self._cold[call.exact] = choice
+        else:
+            self._memo[call.key] = choice
+            self._cold.pop(call.exact, None)
+        return choice
 
     def what_if(self, call: Call, info: DeviceInfo) -> Decision:
         """The cost model's decision for this call on another device (its default constants):
@@ -313,6 +364,7 @@ class Op:
     def forget(self) -> None:
         """Drop this process's memo (the tune cache on disk is untouched)."""
         self._memo.clear()
+        self._cold.clear()
         self._forced.clear()
 
 

@@ -3,6 +3,11 @@
 On with OPSELECT_TUNE=1 in the environment, or inside `with opselect.tuning():`. The flag is a plain
 module attribute because every dispatch reads it. Suspended while the current CUDA stream captures a
 graph (capturing()): a key first seen then is decided from the cache or the model.
+
+Measuring a call has two stages (Op.decide): measure_all ranks each backend's configurations by
+device time (do_bench), then time_interleaved times every candidate's best configuration, the
+current choice among them, as the program will run it; those are the seconds recorded, and the
+choice follows them, so a measured winner replaces the model's (or torch) only if it wins there.
 """
 
 from __future__ import annotations
@@ -89,9 +94,10 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
     hidden while the device is busier than the host), so tuning ranks candidates as the
     benchmarks do. A median can still be off when the GPU's clocks change mid-measurement (seen
     on the H200 as 2x for a 40 us kernel); the second look at the contenders keeps such a
-    measurement from deciding. (Timing the candidates in turns, a, b, a, b, ..., was tried: a
-    candidate heavy in host time drains the launch queue, and its neighbours' events then
-    include host time; see benchmarks/NOTES.md.)"""
+    measurement from deciding. (Timing single calls in turns, a, b, a, b, ..., by events was
+    tried: a candidate heavy in host time drains the launch queue, and its neighbours' events
+    then include host time; see benchmarks/NOTES.md. time_interleaved takes turns in blocks
+    between synchronisations instead, by the wall clock.)"""
     times = [measure_safely(fn, device, what, budget_ms=budget_ms) for what, fn in items]
     finite = [t for t in times if math.isfinite(t)]
     if len(finite) < 2:
@@ -101,6 +107,71 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
         if times[i] <= bar:
             times[i] = min(times[i], measure_safely(fn, device, what, budget_ms=budget_ms))
     return times
+
+
+#: How the recorded seconds of a tune record were measured (stored with each timing; timings
+#: measured another way are measured again): each backend's best configuration, found by
+#: measure_all, then timed by time_interleaved against every other candidate of the call.
+METHOD = "interleaved wall clock, back-to-back calls/1"
+
+
+def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.device, *,
+                     rounds: int | None = None, block_s: float = 1e-3) -> list[float]:
+    """Seconds per call of each (what, fn), timed as a user's program runs them: a block of
+    back-to-back calls between two synchronisations, by the wall clock, the candidates taking
+    turns (the order rotates every round), the median of each one's blocks.
+
+    This is the measurement that settles a choice. do_bench (measure_all) flushes L2 between
+    runs and reads device events, which hide host time while the device is the busier of the
+    two: right for ranking configurations of one kernel, wrong for a call whose cost is its
+    host time (a small call pays the launch, the allocations and, for a Python autograd.Function,
+    its overhead, which torch's C++ op does not). Back-to-back blocks include that time exactly
+    when it is what the program waits for; turns within each round put every candidate in the
+    same conditions (clocks, temperature, what the others left in L2). A failing fn gets inf.
+    """
+    cuda = device.type == "cuda"
+    rounds = rounds if rounds is not None else (7 if cuda else 2)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    calls_per_block: list[int] = []
+    for what, fn in items:
+        try:
+            fn()  # warm-up (caches, lazy plans) and, next, one timed call to size the blocks
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            once = time.perf_counter() - start
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is ranked last
+            _failed(what, exc)
+            calls_per_block.append(0)
+            continue
+        calls_per_block.append(max(1, min(1000, int(block_s / max(once, 1e-7)))) if cuda else 1)
+    samples: list[list[float]] = [[] for _ in items]
+    live = [i for i, reps in enumerate(calls_per_block) if reps]
+    for r in range(rounds if live else 0):
+        shift = r % len(live)
+        for i in live[shift:] + live[:shift]:
+            what, fn = items[i]
+            reps = calls_per_block[i]
+            if not reps:
+                continue  # failed in an earlier turn
+            try:
+                sync()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                sync()
+            except Exception as exc:  # noqa: BLE001
+                _failed(what, exc)
+                calls_per_block[i] = 0
+                continue
+            samples[i].append((time.perf_counter() - start) / reps)
+    return [statistics.median(s) if calls_per_block[i] and s else math.inf
+            for i, s in enumerate(samples)]
 
 
 def _failed(what: str, exc: Exception) -> None:

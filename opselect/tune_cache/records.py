@@ -38,6 +38,9 @@ class Timing(BaseModel):
     config: dict[str, ConfigValue] = Field(default_factory=dict)
     source_hash: str
     measured_at: float = Field(default_factory=time.time)
+    #: how `seconds` was measured (dispatch.tuning_mode.METHOD); a timing measured another way
+    #: (None: before this field, device time only) is measured again
+    method: Optional[str] = Field(default=None, max_length=200)
 
 
 class TuneRecord(BaseModel):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..dispatch.device import DeviceInfo
+from ..dispatch.tuning_mode import METHOD
 from .notices import warn_once
 from .textdb import TextStore
 
@@ -100,6 +101,8 @@ class TuneStore:
         for name, timing in record.timings.items():
             if hashes.get(name) != timing.source_hash:
                 continue  # that backend's kernels changed (or it is gone): measure it again
+            if timing.method != METHOD:
+                continue  # measured another way: not comparable with today's timings
             seconds = math.inf if timing.seconds is None else timing.seconds
             out[name] = (seconds, dict(timing.config))
         return out
@@ -112,7 +115,8 @@ class TuneStore:
         from .records import Timing, TuneRecord
 
         fp = current(info)
-        new = {n: Timing(seconds=None if math.isinf(t) else t, config=cfg, source_hash=h)
+        new = {n: Timing(seconds=None if math.isinf(t) else t, config=cfg, source_hash=h,
+                         method=METHOD)
                for n, (t, cfg, h) in timings.items()}
 
         def change(raw: str | None) -> str:

@@ -67,6 +67,7 @@ def prepare(elements, test_elements, *, assume_unique: bool = False, invert: boo
     call.invert, call.assume_unique, call.m, call.n = invert, assume_unique, m, n
     call.info = device_info(dev)
     call.key = (dev, elements.dtype, bucket(m), bucket(n), invert, assume_unique)
+    call.exact = (dev, elements.dtype, m, n, invert, assume_unique)
     return call
 
 

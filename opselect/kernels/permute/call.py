@@ -227,6 +227,7 @@ def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
     dev = input.device
     call.info = device_info(dev)
     call.key = (dev, *key_tail)
+    call.exact = (dev, plan_key)  # everything the plan (and so the cost model) reads
     return call
 
 

@@ -104,12 +104,13 @@ def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
     cast_first = in_dtype is not out_dtype and (in_dtype, out_dtype) not in _WIDENING
     if rank == 0:
         outer = n = inner = so = sn = 1
-        fast = True
+        fast = contiguous = True
     else:
         n = shape[dim]
         outer = math.prod(shape[:dim])
         inner = math.prod(shape[dim + 1:])
-        if input.is_contiguous():  # the common case, without looking at the strides
+        contiguous = input.is_contiguous()
+        if contiguous:  # the common case, without looking at the strides
             so, sn, fast = n * inner, inner, True
         else:
             strides = input.stride()
@@ -130,6 +131,8 @@ def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
     call.info = device_info(dev)
     call.key = (dev.index if dev.type == "cuda" else dev.type, in_dtype, out_dtype,
                 bucket(outer), bucket(n), bucket(inner), fast, grad)
+    call.exact = (call.key[0], in_dtype, out_dtype, outer, n, inner, fast, grad, cast_first,
+                  contiguous)
     return call
 
 

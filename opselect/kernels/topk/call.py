@@ -28,8 +28,9 @@ class TopkCall(Call):
     def for_input(self, input) -> "TopkCall":
         """This call's facts for another tensor of the same shape, strides, dtype and device."""
         c = TopkCall.__new__(TopkCall)
-        c.info, c.key, c.input, c.k, c.dim, c.largest, c.sorted, c.nd = (
-            self.info, self.key, input, self.k, self.dim, self.largest, self.sorted, self.nd)
+        c.info, c.key, c.exact, c.input, c.k, c.dim, c.largest, c.sorted, c.nd = (
+            self.info, self.key, self.exact, input, self.k, self.dim, self.largest, self.sorted,
+            self.nd)
         c.R, c.N, c.lead, c.row_stride, c.col_stride, c.viewable = (
             self.R, self.N, self.lead, self.row_stride, self.col_stride, self.viewable)
         return c
@@ -130,6 +131,8 @@ def _prepare(input, k, dim, largest, sorted) -> TopkCall:
     call.key = (dev.index if dev.type == "cuda" else dev.type, dtype, bucket(call.R),
                 bucket(n), bucket(k), largest, sorted, "rows" if inner else
                 ("strided" if call.viewable else "gather"))
+    call.exact = (call.key[0], dtype, call.R, n, k, largest, sorted, call.key[-1],
+                  call.row_stride, call.col_stride)
     return call
 
 

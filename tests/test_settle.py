@@ -1,0 +1,99 @@
+"""Choices that only get better (issue 16): the measured winner must also win timed in turns with
+the current choice as the program runs it (host time included), and a cold choice depends on the
+call alone, not on which call of its bucket came first."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+import opselect
+from opselect import ops
+from opselect.dispatch import get_op, tuning
+from opselect.dispatch import tuning_mode
+from opselect.dispatch.device import device_info
+from opselect.heuristics import device_model
+
+
+def test_time_interleaved_counts_host_time_and_takes_turns():
+    order = []
+
+    def quick():
+        order.append("quick")
+
+    def slow_host():  # no device work at all: only the host's time, which device events miss
+        order.append("slow")
+        time.sleep(0.004)
+
+    def broken():
+        order.append("broken")
+        raise RuntimeError("simulated failure")
+
+    items = [("op/quick {}", quick), ("op/slow {}", slow_host), ("op/broken {}", broken)]
+    with pytest.warns(RuntimeWarning, match="measuring op/broken .* failed") as caught:
+        quick_s, slow_s, broken_s = tuning_mode.time_interleaved(items, torch.device("cpu"),
+                                                                rounds=3)
+    assert len(caught) == 1
+    assert slow_s >= 0.004 and quick_s < 0.001 and math.isinf(broken_s)
+    # Warm-up and sizing (two calls each; the broken one once), then rounds in rotating turns.
+    timed = order[5:]
+    assert timed == ["quick", "slow", "slow", "quick", "quick", "slow"], order
+
+
+def _h200_model_on_the_cpu(monkeypatch):
+    """The cold model of an H200 for the interpreter's device: on the CPU's own constants the
+    model picks torch for almost every call, and these tests need choices that differ."""
+    info = device_info(torch.device("cpu"))
+    monkeypatch.setitem(device_model._models, info.cache_key,
+                        device_model.defaults_for(device_model.known_gpu("H200")))
+    return info
+
+
+def test_cold_choice_depends_on_the_call_not_on_the_order(cpu_triton, monkeypatch):
+    """Two isin calls in one shape bucket on which the model disagrees (elements 8318 and 14937
+    against 1000: compare, then search, on an H200's constants): each gets its own choice,
+    whichever of the two comes first."""
+    op = get_op("isin")
+    test = torch.arange(1000, dtype=torch.int32)
+    small, large = torch.arange(8318, dtype=torch.int32), torch.arange(14937, dtype=torch.int32)
+    assert op.prepare(small, test).key == op.prepare(large, test).key  # one bucket
+    seen = []
+    for first, second in ((small, large), (large, small)):
+        opselect.forget()  # (the models too)
+        _h200_model_on_the_cpu(monkeypatch)
+        for elements in (first, second):
+            assert torch.equal(ops.isin(elements, test), torch.isin(elements, test))
+        seen.append({elements.numel(): op.chosen(op.prepare(elements, test)).backend.name
+                     for elements in (first, second)})
+    assert seen[0] == seen[1] == {8318: "compare", 14937: "search"}
+
+
+def test_a_winner_by_device_time_that_loses_in_turns_is_not_chosen(cpu_triton, monkeypatch):
+    """Stage 1 (device time, faked here) ranks hash far ahead; hash's calls, though, spend 20 ms
+    of host time each (as a Python launcher can on a small call): timed in turns with the
+    others it loses, so the choice does not move to it, and the record holds what was seen."""
+    op = get_op("isin")
+    hash_backend = op.backend("hash")
+    real_run = hash_backend.run
+
+    def host_heavy(call, config):
+        time.sleep(0.02)
+        return real_run(call, config)
+
+    monkeypatch.setattr(hash_backend, "run", host_heavy)
+    monkeypatch.setattr(tuning_mode, "measure_safely",
+                        lambda fn, device, what, **kw: 1e-9 if "/hash " in what else 1e-3)
+    a, b = torch.arange(300) % 37, torch.tensor([1, 5, 7, 36])
+    with tuning():
+        assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    decision = opselect.explain("isin", a, b, show=False)
+    assert decision.choice != "hash"
+    assert decision.candidate("hash").measured_s >= 0.02
+    opselect.forget()  # a new process reads the record: the same verdict, nothing measured
+    monkeypatch.setattr(tuning_mode, "time_interleaved",
+                        lambda *a, **k: pytest.fail("a recorded call was measured again"))
+    again = opselect.explain("isin", a, b, show=False)
+    assert again.source == "cache" and again.choice == decision.choice
