@@ -9,6 +9,22 @@ reductions per tile, which many-short-row calls pay millions of times).
 The part named `launch` is host time (the model takes the longer of host and device): a Triton
 launch plus torch allocations, plus the Python autograd.Function when the input requires grad.
 
+Under autograd (call.grad) tuning times the forward and the backward (kernels/softmax/autograd.py,
+`_with_backward`), so every estimate adds the backward the backend runs, as parts named
+`backward*` and host time in `launch`:
+  - the Triton backends all run autograd.backward(), whichever of them ran the forward: y and dy
+    read and dx written once (rows or strided tiles in registers), or a first pass over dy (and y,
+    for softmax) for the sum and a second, reversed pass that finds part of it in L2 (long rows
+    in two passes or split over programs, long strided dims);
+  - torch runs softmax_backward_data: softmax first forms dy * y (an elementwise op of three
+    passes), then a kernel reads that product and y and writes dx (the block-per-row and spatial
+    kernels read the product twice: a sum pass, then the write pass); log_softmax's kernel reads
+    dy directly. torch's spatial kernels (softmax over a non-last dim) walk the dim serially in
+    each thread, which bounds them by latency rather than bandwidth.
+  - A narrowing dtype= cast done by torch before the kernels is undone on the gradient by torch
+    (dx read and written once more).
+The autograd engine's own host time is the same whichever backend ran, and is left out.
+
 The constants below are first guesses from the kernels' structure; `opselect calibrate` fits one
 scale per backend on top, and the tune cache replaces the model wherever a call was measured.
 """
@@ -32,8 +48,14 @@ MULTIROW_TILE_S = 0.4e-6
 UNALIGNED_EFF = 0.85
 #: Fraction of the copy bandwidth a single-pass Triton kernel reaches.
 TRITON_EFF = 0.92
-#: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++).
-AUTOGRAD_HOST = 15e-6
+#: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++),
+#: forward and backward together, as measured rather than as counted: on the H200 a Triton
+#: backend's forward + backward never took less than about 165 us (fused 4Kx1K fp32: 238 us with
+#: a 12 us forward; fused and online 4Kx4K bf16: 192 and 181 us; strided 164 and 180 us), where
+#: torch's took 61 and 111 us (benchmarks/results/h200/softmax_backward.md). Counting the Python
+#: on the way gives about 30 us; where the rest goes is not profiled yet. With the counted
+#: figure the model chose fused for those two calls, 3.9x and 1.7x slower than torch.
+AUTOGRAD_HOST = 150e-6
 #: torch's softmax kernels: fraction of the copy bandwidth they reach on their best path.
 TORCH_WARP_EFF = 0.85  # rows <= 1024: a warp per row, persistent
 TORCH_BLOCK_EFF = 0.80  # a block per row, row in registers or shared memory
@@ -44,6 +66,39 @@ TORCH_REG_MAX = 9216
 #: ... and on that block-per-row path a 16-bit row costs about as much as a 32-bit one.
 TORCH_BLOCK_ELEMENT_BYTES = 4
 TORCH_SMEM_BYTES = 48 * 1024
+
+# -- The backward under autograd ----------------------------------------------------------------
+#: Host seconds of the Triton backward's Python: _SoftmaxFunction.backward's checks and
+#: backward()'s layout arithmetic (strides, plan, int64 check), its launches stubbed out: 7.3 us
+#: on this workplace's CPU host. Its launches and allocations are charged on top.
+BWD_PYTHON_HOST = 7e-6
+#: autograd.backward holds rows up to this long in registers (BWD_SINGLE_MAX there: y and dy
+#: together, hence half the forward's limit); longer rows take two passes, or are split over
+#: programs when there are fewer rows than SMs.
+BWD_SINGLE_MAX = 16384
+BWD_SINGLE_MAX_F64 = 8192
+#: Rows up to this long are packed many to a tile, as multirow does (common.MULTIROW_MAX).
+BWD_MULTIROW_MAX = 256
+#: Chunk of a row per step of the two-pass rows kernel (4096 there, 2048 for float64), and of the
+#: split kernels (2048).
+BWD_CHUNK = 4096
+BWD_SPLIT_CHUNK = 2048
+#: Elements a strided backward tile holds: half of common.TILE_MAX, as it holds y and dy.
+BWD_STRIDED_TILE = 8192
+#: The strided backward kernel moves a byte at about half the rate the forward's terms give,
+#: short-segment discount included (H200, both calls with 64-byte row segments: 64x512x512 fp32
+#: dim=1 took ~140 us of backward for 192 MB against a 39 us forward for 128 MB; 256x64x1K bf16
+#: dim=0 ~130 us against 34).
+STRIDED_BWD_EFF = 0.5
+#: One step of the serial walk down the dim that each thread of torch's spatial backward makes
+#: (softmax over a non-last dim; a dependent load with little to overlap it): fitted to forward +
+#: backward less forward on the H200 (benchmarks/results/h200: 256x64x1K dim=0 bf16, 426 - 246 us
+#: (the float16 forward) for 512 steps; 64x512x512 dim=1 fp32, 981 - 628 us for 1024 steps; both
+#: less their dy * y product at bandwidth).
+TORCH_SPATIAL_STEP_S = 0.3e-6
+#: Threads an SM holds at once (Ampere and Hopper): how many columns torch's spatial kernels walk
+#: at the same time.
+SM_THREADS = 2048
 
 
 def _name(call) -> str:
@@ -97,6 +152,162 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _warps(elements: int) -> int:
+    """common._warps: about 16 elements per thread, 1 to 16 warps."""
+    return max(1, min(16, _pow2(elements) // 512))
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward (call.grad)
+# ---------------------------------------------------------------------------------------------
+def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
+                          sm_count: int) -> tuple[int, bool]:
+    """(BLOCK_I, SINGLE) of the strided backward: common._strided_plan with a tile of
+    BWD_STRIDED_TILE (the heuristics do not import the kernels; a test keeps the two equal)."""
+    pn = _pow2(n)
+    wide_i = max(1, min(_pow2(inner), 128 // itemsize))
+    min_i = max(1, min(_pow2(inner), 32 // itemsize))
+    block_i = min(_pow2(inner), 2048 // itemsize, max(wide_i, BWD_STRIDED_TILE // pn))
+    if pn * block_i > BWD_STRIDED_TILE and BWD_STRIDED_TILE // pn >= min_i:
+        block_i = BWD_STRIDED_TILE // pn
+    while block_i > min_i and outer * _cdiv(inner, block_i) < 2 * sm_count:
+        block_i //= 2
+    block_i = max(1, min(block_i, _pow2(inner)))
+    return block_i, pn * block_i <= BWD_STRIDED_TILE
+
+
+def _triton_backward(call, model) -> tuple[dict, float, str]:
+    """Device parts, host seconds and a note of autograd.backward() on this call's output: the same
+    kernels whichever Triton backend ran the forward. y and dy (upstream gradients are contiguous
+    when tuning times the backward) have the output's dtype; dx has the input's (a widening cast
+    was fused into the forward's load), or the output's when torch cast the input first."""
+    n, numel, outer, inner, f64 = call.n, call.numel, call.outer, call.inner, call.f64
+    e_y = call.out_dtype.itemsize
+    e_dx = e_y if call.cast_first else call.x.dtype.itemsize
+    # What the sum pass reads, when the sum and dx take two passes: dy, and y for softmax.
+    sum_bytes = e_y if call.log else 2 * e_y
+    host = BWD_PYTHON_HOST + BOUND_LAUNCH + _torch_launch(model)  # one kernel, dx
+    parts: dict[str, float] = {}
+    step = n if inner == 1 else inner
+    eff = TRITON_EFF * (1.0 if (step * e_y) % 16 == 0 else UNALIGNED_EFF)
+    latency, in_flight = 0.0, None  # in_flight: bytes the sum pass reads before they are re-read
+    if inner > 1:
+        block_i, single = strided_backward_plan(n, inner, outer, e_y, model.sm_count)
+        programs = outer * _cdiv(inner, block_i)
+        eff *= STRIDED_BWD_EFF
+        if block_i < inner and block_i * e_y < 128:
+            eff *= 0.6 + 0.4 * block_i * e_y / 128  # short segments, as the forward's
+        if not single:
+            in_flight = min(programs, 4 * model.sm_count) * n * block_i * sum_bytes
+        note = "backward: strided tiles" + ("" if single else ", two passes over the dim")
+    elif n > (BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX) and outer < model.sm_count:
+        split = max(1, min(_cdiv(2 * model.sm_count, outer), _cdiv(n, BWD_SPLIT_CHUNK)))
+        chunk = _cdiv(_cdiv(n, split), BWD_SPLIT_CHUNK) * BWD_SPLIT_CHUNK
+        programs = outer * _cdiv(n, chunk)
+        # The sum kernel reads everything before the dx kernel re-reads it (in reverse order).
+        in_flight = numel * sum_bytes
+        host += BOUND_LAUNCH + _torch_launch(model)  # the dx kernel, the partial sums
+        note = "backward: rows split over programs (partial sums, then dx)"
+    elif n > (BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX):
+        chunk = BWD_CHUNK // 2 if f64 else BWD_CHUNK
+        programs = outer
+        resident = _resident(model, _warps(chunk), 2 * chunk, f64)
+        in_flight = min(outer, resident) * n * sum_bytes
+        note = "backward: two passes per row"
+    else:
+        bn = _pow2(n)
+        block_r = 1
+        if n <= BWD_MULTIROW_MAX:
+            block_r = max(1, min((2048 if f64 else 4096) // bn, _pow2(outer)))
+        tiles = _cdiv(outer, block_r)
+        resident = _resident(model, _warps(block_r * bn), 2 * block_r * bn, f64)
+        programs = min(tiles, resident)
+        # A tile: two loads, one reduction, a store; about a forward tile's latency.
+        latency = math.ceil(tiles / resident) * (MULTIROW_TILE_S if block_r > 1 else FUSED_TILE_S)
+        note = "backward: rows in registers"
+    reads = 2.0 * e_y
+    if in_flight is not None:
+        # The second pass re-reads what the first read; the part still in L2 costs no DRAM.
+        reuse = min(1.0, L2_USABLE * model.l2_bytes / max(in_flight, 1))
+        reads += (1.0 - reuse) * sum_bytes
+        parts["backward_l2"] = numel * reuse * sum_bytes / model.l2_bandwidth
+    memory = model.stream(numel * (reads + e_dx)) / (eff * _busy(model, programs))
+    parts["backward"] = max(memory, latency)
+    if call.cast_first:
+        # torch's .to() recorded the narrowing cast: its backward casts dx back to the input's.
+        parts["backward_cast"] = model.stream(numel * (e_y + call.x.dtype.itemsize))
+        host += _torch_launch(model)
+    return parts, host, note
+
+
+def _torch_backward(call, model, fused_cast: bool) -> tuple[dict, float, str]:
+    """Device parts, host seconds and a note of torch's own backward of softmax / log_softmax
+    (softmax_backward_data, aten/src/ATen/native/cuda/SoftMax.cu). fused_cast: the forward
+    widened half to float inside its kernel, so dx is written in the input's dtype directly."""
+    n, numel, outer, inner = call.n, call.numel, call.outer, call.inner
+    e_x, e_y = call.x.dtype.itemsize, call.out_dtype.itemsize
+    cast_back = call.x.dtype != call.out_dtype and not fused_cast
+    e_dx = e_y if cast_back else e_x
+    parts: dict[str, float] = {}
+    host = 2 * _torch_launch(model)  # the backward op and dx's allocation
+    if not call.log:
+        # softmax's backward forms dy * y first (its kernel then subtracts y * sum): an
+        # elementwise op that reads two tensors and writes a third.
+        parts["backward_mul"] = model.stream(3 * numel * e_y)
+        host += 2 * _torch_launch(model)
+    if inner == 1:
+        if n <= 1024 and n * e_dx <= 4096:
+            # A warp per row, persistent: the row stays in registers, one read of each input.
+            parts["backward"] = (model.stream(numel * (2 * e_y + e_dx))
+                                 / (TORCH_WARP_EFF * _busy(model, outer)))
+            note = "backward: torch's warp-per-row kernel"
+        else:
+            # A block per row: a sum pass over the product (or dy), then a pass that reads it
+            # again with y and writes dx; the re-read hits L2 when the rows in flight fit.
+            in_flight = min(outer, 2 * model.sm_count) * n * e_y
+            reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
+            parts["backward_l2"] = numel * reuse * e_y / model.l2_bandwidth
+            parts["backward"] = (model.stream(numel * ((3.0 - reuse) * e_y + e_dx))
+                                 / (TORCH_BLOCK_EFF * _busy(model, outer)))
+            note = "backward: torch's block-per-row kernel"
+    else:
+        # The spatial kernel: each thread walks its column down the dim twice (the sum, then
+        # dx), dim_threads threads to a column when the inner dims are narrow.
+        inner_threads = min(inner, 1024)
+        dim_threads = 1
+        if inner_threads <= 64 and n >= 64:
+            while inner_threads * dim_threads <= 1024 and dim_threads <= n:
+                dim_threads *= 2
+            dim_threads //= 2
+        waves = math.ceil(outer * inner * dim_threads / (SM_THREADS * model.sm_count))
+        latency = waves * 2 * _cdiv(n, dim_threads) * TORCH_SPATIAL_STEP_S
+        memory = (model.stream(numel * (TORCH_SPATIAL_READS * e_y + e_dx))
+                  / (TORCH_BLOCK_EFF * _busy(model, outer * inner / 32)))
+        parts["backward"] = max(memory, latency)
+        note = "backward: torch's spatial kernel (a serial walk down the dim)"
+    if cast_back:
+        # The forward's cast (x.to(dtype)) is undone on the gradient.
+        parts["backward_cast"] = model.stream(numel * (e_y + e_x))
+        host += _torch_launch(model)
+    return parts, host, note
+
+
+def _triton_estimate(call, model, backend: str, host: float, parts: dict):
+    """A Triton backend's estimate: its forward's parts and host time, plus the backward's under
+    autograd."""
+    notes: tuple[str, ...] = ()
+    if call.grad:
+        backward, bwd_host, note = _triton_backward(call, model)
+        parts = {**parts, **backward}
+        host += bwd_host
+        notes = (note,)
+    return model.estimate(_name(call), backend, triton=True, notes=notes, launch=host, **parts)
+
+
 def torch_(call, model, plan=None):
     op = _name(call)
     n, numel = call.n, call.numel
@@ -107,7 +318,8 @@ def torch_(call, model, plan=None):
     parts: dict[str, float] = {}
     e_in = e_x
     # torch casts first, except half -> float on CUDA, which its kernels fuse.
-    if call.x.dtype != call.out_dtype and not (e_x == 2 and e_out == 4):
+    fused_cast = e_x == 2 and e_out == 4
+    if call.x.dtype != call.out_dtype and not fused_cast:
         parts["cast"] = model.stream(numel * (e_x + e_out))
         host += _torch_launch(model)
         e_in = e_out
@@ -120,10 +332,9 @@ def torch_(call, model, plan=None):
         elif n <= TORCH_REG_MAX or (n * e_in < TORCH_SMEM_BYTES and (n * e_in) % 16 == 0):
             # A block per row, its time set by the elements more than their bytes: 16- and 32-bit
             # rows of 4K took the same 58 us for 4K rows on the H200 (16K: 131 against 176).
-            # Under autograd the backward, which the model leaves out, gives that gain back
-            # (4K x 4K bf16 forward + backward: 111 us fused, 110 us torch), so the forward's
-            # bytes stay the measure there.
-            slow_bytes = e_in if call.grad else max(e_in, TORCH_BLOCK_ELEMENT_BYTES)
+            # Under autograd too: the backward is its own part now (4K x 4K bf16: forward +
+            # backward 110 us, forward 58, so about 52 us of backward, which its bytes explain).
+            slow_bytes = max(e_in, TORCH_BLOCK_ELEMENT_BYTES)
             reads, eff = 1.0, TORCH_BLOCK_EFF * e_in / slow_bytes
         else:
             # max pass, sum pass, write pass: the re-reads hit L2 only when the rows in flight fit.
@@ -136,7 +347,13 @@ def torch_(call, model, plan=None):
         reads, eff = TORCH_SPATIAL_READS, TORCH_BLOCK_EFF
         programs = call.outer * call.inner / 32
     parts["memory"] = model.stream(numel * (reads * e_in + e_out)) / (eff * _busy(model, programs))
-    return model.estimate(op, "torch", triton=False, launch=host, **parts)
+    notes: tuple[str, ...] = ()
+    if call.grad:
+        backward, bwd_host, note = _torch_backward(call, model, fused_cast)
+        parts.update(backward)
+        host += bwd_host
+        notes = (note,)
+    return model.estimate(op, "torch", triton=False, notes=notes, launch=host, **parts)
 
 
 def fused(call, model, *, warps: int):
@@ -150,8 +367,7 @@ def fused(call, model, *, warps: int):
     eff *= 1.0 if _aligned(call) else UNALIGNED_EFF
     memory = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
     latency = math.ceil(call.outer / resident) * FUSED_TILE_S
-    return model.estimate(op, "fused", triton=True, launch=host, memory=max(memory, latency),
-                          **parts)
+    return _triton_estimate(call, model, "fused", host, {**parts, "memory": max(memory, latency)})
 
 
 def multirow(call, model):
@@ -168,8 +384,8 @@ def multirow(call, model):
     eff *= 1.0 if _aligned(call) else UNALIGNED_EFF
     memory = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
     latency = math.ceil(tiles / resident) * MULTIROW_TILE_S
-    return model.estimate(op, "multirow", triton=True, launch=host, memory=max(memory, latency),
-                          **parts)
+    return _triton_estimate(call, model, "multirow", host,
+                            {**parts, "memory": max(memory, latency)})
 
 
 #: Time a wave of cooperative programs spends waiting for the row's other chunks (a guess: a few
@@ -190,7 +406,7 @@ def online(call, model, *, split: int, cooperative: bool = False):
         eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
         parts["sync"] = COOP_WAIT_S * math.ceil(programs / (2 * model.sm_count))
-        return model.estimate(op, "online", triton=True, launch=host, **parts)
+        return _triton_estimate(call, model, "online", host, parts)
     if split == 1:
         host = _host(call, model)
     else:  # two kernels, the output and two workspaces
@@ -212,7 +428,7 @@ def online(call, model, *, split: int, cooperative: bool = False):
     eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
     parts["memory"] = model.stream(call.numel * ((2.0 - reuse) * e_in + e_out)) / eff
     parts["l2"] = call.numel * reuse * e_in / model.l2_bandwidth
-    return model.estimate(op, "online", triton=True, launch=host, **parts)
+    return _triton_estimate(call, model, "online", host, parts)
 
 
 def strided(call, model, *, block_i: int, single: bool):
@@ -236,4 +452,4 @@ def strided(call, model, *, block_i: int, single: bool):
         # sectors, mostly from L2, at some cost.
         eff *= 0.6 + 0.4 * block_i * e_in / 128
     parts["memory"] = model.stream(call.numel * (reads * e_in + e_out)) / eff
-    return model.estimate(op, "strided", triton=True, launch=host, **parts)
+    return _triton_estimate(call, model, "strided", host, parts)

@@ -1,0 +1,204 @@
+"""softmax's cost model under autograd: every backend's estimate adds the backward it runs.
+
+Tuning times forward + backward when the input requires grad (kernels/softmax/autograd.py,
+`_with_backward`), so the model must too: these tests read the estimates the real backends give
+for calls on an H200 (meta tensors, the default constants), and check them against the passes the
+backward kernels make. The last test runs the backward kernels through the interpreter and checks
+that the path the model charges is the one autograd launches.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from opselect import ops
+from opselect.dispatch import get_op
+from opselect.dispatch.device import DeviceInfo
+from opselect.heuristics import softmax as cost
+from opselect.heuristics.device_model import defaults_for
+from opselect.kernels import softmax as sm
+from opselect.kernels._common import Launcher
+
+pytestmark = [
+    # The interpreter runs kernels in numpy, which warns on -inf - -inf in padded rows.
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+H200 = DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 0)
+MODEL = defaults_for(H200)  # no calibration scales: the model's own terms
+
+# Large calls, one per backward path (4K x 4K bf16 is host-bound for Triton under autograd).
+LARGE = [
+    ((4096, 4096), -1, torch.float32),  # rows in registers
+    ((4096, 4096), -1, torch.bfloat16),
+    ((1 << 20, 64), -1, torch.float32),  # many short rows, many to a tile
+    ((256, 65536), -1, torch.float32),  # long rows, two passes
+    ((32, 1 << 20), -1, torch.float32),  # few long rows, split over programs
+    ((64, 512, 512), 1, torch.float16),  # strided tiles
+    ((8, 8192, 256), 1, torch.float32),  # strided, two passes over the dim
+]
+
+
+def _call(shape, dim=-1, dtype=torch.float32, *, grad: bool, log: bool = False, out=None):
+    x = torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
+    call = (sm.prepare_log_softmax if log else sm.prepare_softmax)(x, dim, dtype=out)
+    call.info = H200  # plans read the SM count of the device asked about
+    return call
+
+
+def _estimates(call) -> dict:
+    op = get_op("log_softmax" if call.log else "softmax")
+    return {b.name: b.cost(call, MODEL) for b in op.backends if b.supports(call) is None}
+
+
+def _backward_s(est) -> float:
+    return sum(v for k, v in est.parts.items() if k.startswith("backward"))
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape,dim,dtype", LARGE)
+def test_grad_adds_at_least_the_backward_traffic(shape, dim, dtype, log):
+    plain = _estimates(_call(shape, dim, dtype, grad=False, log=log))
+    grad = _estimates(_call(shape, dim, dtype, grad=True, log=log))
+    assert set(plain) == set(grad) and len(grad) >= 2, grad
+    numel = torch.Size(shape).numel()
+    # Every backward reads y and dy and writes dx at least once.
+    traffic = 3 * numel * dtype.itemsize / MODEL.bandwidth
+    for name, est in grad.items():
+        assert "backward" in est.parts, (name, est.parts)
+        assert not any(k.startswith("backward") for k in plain[name].parts), name
+        assert any(note.startswith("backward: ") for note in est.notes), (name, est.notes)
+        added = est.seconds - plain[name].seconds
+        assert added >= traffic, (name, added, traffic)
+        # The forward is charged alike with and without grad; the difference is the backward.
+        for part, seconds in plain[name].parts.items():
+            if part != "launch":
+                assert est.parts[part] == pytest.approx(seconds), (name, part)
+        device = sum(v for k, v in est.parts.items() if k != "launch")
+        plain_device = sum(v for k, v in plain[name].parts.items() if k != "launch")
+        assert device - plain_device == pytest.approx(_backward_s(est)), (name, est.parts)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape,dim,dtype", LARGE)
+def test_triton_backends_share_one_backward(shape, dim, dtype, log):
+    # autograd.backward runs the same kernels whichever Triton backend ran the forward.
+    grad = _estimates(_call(shape, dim, dtype, grad=True, log=log))
+    triton = [est for name, est in grad.items() if name != "torch"]
+    assert triton
+    for est in triton[1:]:
+        assert {k: v for k, v in est.parts.items() if k.startswith("backward")} == \
+               {k: v for k, v in triton[0].parts.items() if k.startswith("backward")}
+        assert est.notes == triton[0].notes
+
+
+def _bwd(shape, dim=-1, dtype=torch.float32, *, log=False, out=None) -> dict:
+    """Seconds of each backend's backward parts."""
+    return {name: _backward_s(est) for name, est in
+            _estimates(_call(shape, dim, dtype, grad=True, log=log, out=out)).items()}
+
+
+def test_backward_ordered_as_the_kernels_passes():
+    shape = (4096, 4096)
+    soft, log = _bwd(shape), _bwd(shape, log=True)
+    # torch's softmax backward forms dy * y first (3 passes), then its kernel reads the product
+    # and y and writes dx (3 more); the Triton kernel reads y and dy and writes dx: 3.
+    assert soft["torch"] > 1.8 * soft["fused"]
+    # log_softmax has no product pass: between the Triton kernel and torch's softmax.
+    assert soft["fused"] <= log["torch"] < 0.7 * soft["torch"]
+    # Rows in registers: softmax and log_softmax move the same bytes.
+    assert soft["fused"] == pytest.approx(log["fused"])
+    # Long rows in two passes or split: softmax's sum pass reads y as well as dy.
+    for long_rows in ((256, 65536), (32, 1 << 20)):
+        assert _bwd(long_rows)["online"] > 1.1 * _bwd(long_rows, log=True)["online"]
+    # Two passes cost more than one, per byte.
+    per_byte = {s: _bwd(s)["online" if s[1] > 32768 else "fused"] / (s[0] * s[1])
+                for s in ((4096, 16384), (256, 65536))}
+    assert per_byte[(256, 65536)] > 1.2 * per_byte[(4096, 16384)]
+    # Over a non-last dim torch's spatial kernel walks the dim serially in every thread.
+    strided = _bwd((64, 512, 512), dim=1)
+    assert strided["torch"] > 2 * strided["strided"]
+    # The walk is longer for a longer dim at the same size: torch's backward grows with it,
+    # faster than the strided kernel's (whose tiles then take the dim in two passes).
+    longer = _bwd((16, 2048, 512), dim=1)
+    assert longer["torch"] > 2.5 * strided["torch"]
+    assert longer["torch"] / strided["torch"] > 1.5 * longer["strided"] / strided["strided"]
+
+
+def test_casts_under_autograd():
+    shape = (4096, 4096)
+    # A narrowing dtype= is done by torch first (Triton) or by torch's op (torch): the gradient
+    # is cast back, once more over the tensor.
+    narrow = _estimates(_call(shape, dtype=torch.float32, grad=True, out=torch.bfloat16))
+    numel = 4096 * 4096
+    for name, est in narrow.items():
+        assert est.parts["backward_cast"] == pytest.approx(MODEL.stream(numel * (2 + 4))), name
+    # A widening half -> float is fused (the Triton load, torch's half_to_float): dx is written
+    # in half directly, with no cast and fewer bytes than a float dx.
+    wide = _estimates(_call(shape, dtype=torch.float16, grad=True, out=torch.float32))
+    same = _bwd(shape, dtype=torch.float32)
+    for name, est in wide.items():
+        assert "backward_cast" not in est.parts, name
+        assert _backward_s(est) < same[name], name
+
+
+def test_strided_backward_plan_is_the_kernels():
+    # The heuristics cannot import the kernels: the model's copy of the backward's plan, and
+    # the limits it reads, must stay the kernels'.
+    assert cost.BWD_SINGLE_MAX == sm.autograd.BWD_SINGLE_MAX
+    assert cost.BWD_SINGLE_MAX_F64 == sm.autograd.BWD_SINGLE_MAX_F64
+    assert cost.BWD_MULTIROW_MAX == sm.common.MULTIROW_MAX
+    assert cost.BWD_STRIDED_TILE == sm.common.TILE_MAX // 2
+    for n, inner, outer, itemsize, sms in itertools.product(
+            (1, 3, 64, 300, 512, 4096, 70000), (2, 7, 48, 512, 65536), (1, 5, 64, 1000),
+            (2, 4, 8), (2, 132)):
+        kernel = sm._strided_plan(n, inner, outer, itemsize, sms, tile=sm.common.TILE_MAX // 2)
+        model = cost.strided_backward_plan(n, inner, outer, itemsize, sms)
+        assert model == (kernel[0], kernel[2]), (n, inner, outer, itemsize, sms)
+
+
+def test_cold_choice_under_autograd_counts_torchs_backward():
+    # 256 x 64 x 1K bf16 over dim 0: the H200 benchmark's cold choice kept torch (426 us forward
+    # + backward) where strided took 164 us; the model left out torch's serial spatial backward
+    # (without it the defaults put the two within 10%).
+    call = _call((256, 64, 1024), 0, torch.bfloat16, grad=True)
+    decision = get_op("softmax").what_if(call, H200)
+    assert decision.choice == "strided"
+    torch_c = next(c for c in decision.candidates if c.name == "torch")
+    strided_c = next(c for c in decision.candidates if c.name == "strided")
+    # Device work: torch's serial walk costs more than twice strided's tiles (both calls' host
+    # time, the autograd.Function's floor for strided, is of the same order).
+    assert torch_c.parts["backward"] > 2 * strided_c.parts["backward"]
+    assert "backward" in torch_c.parts and any("spatial" in n for n in torch_c.notes)
+
+
+# The kernels each backward path launches (autograd.backward).
+PATH_KERNELS = {
+    "rows in registers": {"_rows_bwd_kernel"},
+    "two passes per row": {"_rows_bwd_kernel"},
+    "rows split over programs": {"_split_bwd_sum_kernel", "_split_bwd_apply_kernel"},
+    "strided tiles": {"_strided_bwd_kernel"},
+}
+
+
+@pytest.mark.parametrize("shape,dim,backend", [
+    ((8, 100), -1, "fused"), ((300, 20), -1, "multirow"), ((1, 16500), -1, "online"),
+    ((2, 16500), -1, "online"), ((3, 6, 5), 1, "strided"), ((2, 40, 3), 1, "strided")])
+def test_model_charges_the_path_autograd_launches(cpu_triton, shape, dim, backend):
+    x = torch.randn(shape, requires_grad=True)
+    call = sm.prepare_softmax(x, dim)
+    est = get_op("softmax").backend(backend).cost(call, defaults_for(call.info))
+    (note,) = [n for n in est.notes if n.startswith("backward: ")]
+    expected = next(k for path, k in PATH_KERNELS.items() if path in note)
+    y = ops.softmax(x, dim, backend=backend)
+    launched: list = []
+    previous, Launcher.observer = Launcher.observer, launched.append
+    try:
+        (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    finally:
+        Launcher.observer = previous
+    assert {k.__name__ for k in launched} == expected, (note, launched)
+    assert dx.shape == x.shape
