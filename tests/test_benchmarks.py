@@ -25,3 +25,32 @@ def test_benchmark_script_smoke(script, tmp_path, cpu_triton):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "!!" not in result.stdout, result.stdout[-3000:]  # a provider was wrong or failed
     assert list(tmp_path.glob("*.json")), "the script wrote no JSON under $OUT"
+
+
+def test_bench_random_reports_every_mode(tmp_path, cpu_triton):
+    """bench_random.py (issue 16 item 3) fits on one seed and reports on another: every call is
+    timed for torch, its backends and auto cold / fitted / tuned, with each mode's pick and
+    regret, and the targets are judged (on a CPU the numbers themselves mean nothing)."""
+    import json
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "bench_random.py"), "--smoke", "--no-save",
+            "--ops", "permute,isin", "--calls", "2", "--seed", "5", "--fit-seed", "4"]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "!!" not in result.stdout, result.stdout[-3000:]
+    data = json.loads((tmp_path / "random_permute_isin.json").read_text())
+    assert (data["fit"]["seed"], data["report"]["seed"]) == (4, 5)
+    assert len(data["fit"]["rows"]) == len(data["report"]["rows"]) == 4
+    for row in data["report"]["rows"]:
+        assert {"torch", "auto-cold", "auto-fitted", "auto-tuned"} <= set(row["s"]), row["s"]
+        assert set(row["picks"]) == set(row["regret"]) == {"cold", "fitted", "tuned"}
+        # (a regret below 1 is possible: a pick's default config can beat the tuned one)
+        assert all(r > 0 for r in row["regret"].values())
+    assert {"permute", "isin", "all"} == set(data["report"]["summary"])
+    assert set(data["targets_met"]) == {
+        "tuned_never_3pct_slower_than_cold", "auto_tuned_never_3pct_slower_than_torch",
+        "auto_cold_never_3pct_slower_than_torch", "cold_regret_p90_le_1.10",
+        "cold_regret_max_le_1.5", "tuned_regret_geomean_le_1.03"}
+    assert any(key.startswith("permute/") for key in data["fit"]["scales"])
