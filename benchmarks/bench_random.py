@@ -414,10 +414,19 @@ def _derive(row: dict, able: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------
 # Fit and summary
 # ---------------------------------------------------------------------------------------------
+#: Calls whose backends all took less than this are host-bound: left out of the fit. A scale
+#: multiplies a whole estimate, and host-bound calls (where the model's host constants decide)
+#: made the scales 2x-3x on the H100, which then sent device-bound calls to torch (x2.6).
+FIT_MIN_S = 60e-6
+
+
 def fit(rows: list[dict], live) -> tuple[Any, dict, dict]:
-    """Per op/backend: old scale x geomean(measured / predicted) over the rows."""
+    """Per op/backend: old scale x geomean(measured / predicted) over the device-bound rows."""
     ratios: dict[str, list[float]] = {}
     for r in rows:
+        measured = [t for t in r["s"].values() if t]
+        if not measured or min(measured) < FIT_MIN_S:
+            continue
         for b, p in r.get("predicted_s", {}).items():
             t = r["s"].get(b)
             if t and p and math.isfinite(p) and p > 0:

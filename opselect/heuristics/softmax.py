@@ -48,6 +48,14 @@ MULTIROW_TILE_S = 0.4e-6
 UNALIGNED_EFF = 0.85
 #: Fraction of the copy bandwidth a single-pass Triton kernel reaches.
 TRITON_EFF = 0.92
+#: Host seconds of a Triton backend's call beyond its launches and allocations (the checks and
+#: plan on the way, the operand and output handling), as measured rather than as counted: a
+#: fused call of 64x512 took 35.0 us where torch's took 10.6 (H200, benchmarks/results/h200/
+#: dispatch.json), and on tiny calls drawn at random fused and multirow took 26-57 us, median
+#: about 38, against torch's 10-14 (H100, benchmarks/results/h100/random_softmax.json); the
+#: counted launch and allocation make 14 us. Without it the cold model chose a Triton backend
+#: for every tiny call there, 2.5x-4.7x slower than torch.
+TRITON_GLUE_HOST = 22e-6
 #: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++),
 #: forward and backward together, as measured rather than as counted: on the H200 a Triton
 #: backend's forward + backward never took less than about 165 us (fused 4Kx1K fp32: 238 us with
@@ -55,7 +63,8 @@ TRITON_EFF = 0.92
 #: torch's took 61 and 111 us (benchmarks/results/h200/softmax_backward.md). Counting the Python
 #: on the way gives about 30 us; where the rest goes is not profiled yet. With the counted
 #: figure the model chose fused for those two calls, 3.9x and 1.7x slower than torch.
-AUTOGRAD_HOST = 150e-6
+# (The 22 us of TRITON_GLUE_HOST come on top, so the floor the model sees is about 185 us.)
+AUTOGRAD_HOST = 130e-6
 #: torch's softmax kernels: fraction of the copy bandwidth they reach on their best path.
 TORCH_WARP_EFF = 0.85  # rows <= 1024: a warp per row, persistent
 TORCH_BLOCK_EFF = 0.80  # a block per row, row in registers or shared memory
@@ -96,6 +105,11 @@ STRIDED_BWD_EFF = 0.5
 #: (the float16 forward) for 512 steps; 64x512x512 dim=1 fp32, 981 - 628 us for 1024 steps; both
 #: less their dy * y product at bandwidth).
 TORCH_SPATIAL_STEP_S = 0.3e-6
+#: ... and where the tensor fits in an SM's L1: softmax of 1x55x3 bf16 over dim 1 (165 steps in one
+#: thread) took torch 13 us in all, host time included (H100, random_softmax.json), so a step
+#: costs at most a few tens of ns there.
+TORCH_SPATIAL_CACHED_STEP_S = 0.03e-6
+TORCH_SPATIAL_L1_BYTES = 64 * 1024
 #: Threads an SM holds at once (Ampere and Hopper): how many columns torch's spatial kernels walk
 #: at the same time.
 SM_THREADS = 2048
@@ -116,8 +130,9 @@ def _torch_launch(model) -> float:
 
 def _host(call, model, *, kernels: int = 1, allocations: int = 1) -> float:
     """Host seconds of a Triton backend: its launches (bound: kernels/_common.py), torch
-    allocations, the cast or copy done by torch first, and the autograd.Function."""
-    host = kernels * BOUND_LAUNCH + allocations * _torch_launch(model)
+    allocations, the cast or copy done by torch first, the autograd.Function, and the Python
+    around them as measured (TRITON_GLUE_HOST)."""
+    host = TRITON_GLUE_HOST + kernels * BOUND_LAUNCH + allocations * _torch_launch(model)
     if call.cast_first or not call.fast:
         host += _torch_launch(model)
     if call.grad:
@@ -275,16 +290,8 @@ def _torch_backward(call, model, fused_cast: bool) -> tuple[dict, float, str]:
                                  / (TORCH_BLOCK_EFF * _busy(model, outer)))
             note = "backward: torch's block-per-row kernel"
     else:
-        # The spatial kernel: each thread walks its column down the dim twice (the sum, then
-        # dx), dim_threads threads to a column when the inner dims are narrow.
-        inner_threads = min(inner, 1024)
-        dim_threads = 1
-        if inner_threads <= 64 and n >= 64:
-            while inner_threads * dim_threads <= 1024 and dim_threads <= n:
-                dim_threads *= 2
-            dim_threads //= 2
-        waves = math.ceil(outer * inner * dim_threads / (SM_THREADS * model.sm_count))
-        latency = waves * 2 * _cdiv(n, dim_threads) * TORCH_SPATIAL_STEP_S
+        # The spatial kernel walks each column down the dim twice (the sum, then dx).
+        latency = _spatial_walk(outer, n, inner, model, passes=2)
         memory = (model.stream(numel * (TORCH_SPATIAL_READS * e_y + e_dx))
                   / (TORCH_BLOCK_EFF * _busy(model, outer * inner / 32)))
         parts["backward"] = max(memory, latency)
@@ -306,6 +313,24 @@ def _triton_estimate(call, model, backend: str, host: float, parts: dict):
         host += bwd_host
         notes = (note,)
     return model.estimate(_name(call), backend, triton=True, notes=notes, launch=host, **parts)
+
+
+def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> float:
+    """Seconds of torch's spatial softmax kernels (a non-last dim) as a latency: each thread walks
+    its column down the dim, `passes` times, one dependent step at a time (dim_threads threads to
+    a column when the inner dims are narrow); the columns run in waves of the chip's threads."""
+    inner_threads = min(inner, 1024)
+    dim_threads = 1
+    if inner_threads <= 64 and n >= 64:
+        while inner_threads * dim_threads <= 1024 and dim_threads <= n:
+            dim_threads *= 2
+        dim_threads //= 2
+    waves = math.ceil(outer * inner * dim_threads / (SM_THREADS * model.sm_count))
+    # A step waits for a load; only a tensor small enough for an SM's L1 makes that cheap (one
+    # of 16 MB, in L2, still took 0.44 us a step: 16x4Kx64 fp32 over dim 1, 337 us on the H200).
+    step = (TORCH_SPATIAL_CACHED_STEP_S if outer * n * inner * 4 <= TORCH_SPATIAL_L1_BYTES
+            else TORCH_SPATIAL_STEP_S)
+    return waves * passes * _cdiv(n, dim_threads) * step
 
 
 def torch_(call, model, plan=None):
@@ -347,6 +372,13 @@ def torch_(call, model, plan=None):
         reads, eff = TORCH_SPATIAL_READS, TORCH_BLOCK_EFF
         programs = call.outer * call.inner / 32
     parts["memory"] = model.stream(numel * (reads * e_in + e_out)) / (eff * _busy(model, programs))
+    if call.inner > 1:
+        # The forward walks the dim three times (max, sum, write): with few columns and a long
+        # dim that latency, not the bytes, sets the time (H100, bench_random: log_softmax of
+        # 3x12013x1735 fp16 over dim 1 took torch 13.6 ms, 44x strided's 309 us; the bytes say
+        # about 0.1 ms).
+        parts["memory"] = max(parts["memory"], _spatial_walk(call.outer, n, call.inner, model,
+                                                             passes=3))
     notes: tuple[str, ...] = ()
     if call.grad:
         backward, bwd_host, note = _torch_backward(call, model, fused_cast)
