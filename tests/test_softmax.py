@@ -802,3 +802,24 @@ def test_gpu_int64_offsets(cuda):
     y = ops.softmax(x.view(65537, 64, 512), 1, backend="strided")
     ref = torch.softmax(x.view(65537, 64, 512)[tail].float(), 1)
     torch.testing.assert_close(y[tail].float(), ref, atol=1e-3, rtol=2e-3)
+
+
+def test_prepared_calls_are_reused_only_for_the_same_layout_and_grad_mode():
+    """prepare keeps the facts of a (shape, strides, dtype, device, dim, dtype=, grad) and hands
+    them to the next tensor like it: that call is about the new tensor, and anything that
+    changes the facts (a transposed layout, grad mode, a bad dim) is worked out afresh."""
+    first, second = torch.randn(4, 6), torch.randn(4, 6)
+    a, b = sm.prepare_softmax(first, 1), sm.prepare_softmax(second, 1)
+    assert b.x is second and a.x is first and (a.key, a.exact) == (b.key, b.exact)
+    assert torch.equal(ops.softmax(second, 1), torch.softmax(second, 1))
+    transposed = torch.randn(6, 4).t()
+    assert sm.prepare_softmax(transposed, 1).fast is False and b.fast is True
+    assert torch.equal(ops.softmax(transposed, 1), torch.softmax(transposed, 1))
+    leaf = torch.randn(4, 6, requires_grad=True)
+    assert sm.prepare_softmax(leaf, 1).grad
+    with torch.no_grad():
+        assert not sm.prepare_softmax(leaf, 1).grad
+    assert sm.prepare_log_softmax(second, 1).log and not sm.prepare_softmax(second, 1).log
+    assert sm.prepare_softmax(second, 1, dtype=torch.float64).out_dtype == torch.float64
+    with pytest.raises(Exception, match="out of range"):
+        sm.prepare_softmax(second, 2)

@@ -139,8 +139,11 @@ def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.d
     calls_per_block: list[int] = []
     for what, fn in items:
         try:
-            fn()  # warm-up (caches, lazy plans) and, next, one timed call to size the blocks
-            sync()
+            fn()  # warm-up (caches, lazy plans)
+            if not cuda:  # (interpreted kernels: one call a block, each already a long one)
+                calls_per_block.append(1)
+                continue
+            sync()  # one timed call sizes the blocks
             start = time.perf_counter()
             fn()
             sync()
@@ -149,7 +152,7 @@ def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.d
             _failed(what, exc)
             calls_per_block.append(0)
             continue
-        calls_per_block.append(max(1, min(1000, int(block_s / max(once, 1e-7)))) if cuda else 1)
+        calls_per_block.append(max(1, min(1000, int(block_s / max(once, 1e-7)))))
     samples: list[list[float]] = [[] for _ in items]
     live = [i for i, reps in enumerate(calls_per_block) if reps]
     for r in range(rounds if live else 0):
