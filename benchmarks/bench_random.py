@@ -425,7 +425,7 @@ def fit(rows: list[dict], live) -> tuple[Any, dict, dict]:
     ratios: dict[str, list[float]] = {}
     for r in rows:
         measured = [t for t in r["s"].values() if t]
-        if not measured or min(measured) < FIT_MIN_S:
+        if not measured or max(measured) < FIT_MIN_S:
             continue
         for b, p in r.get("predicted_s", {}).items():
             t = r["s"].get(b)
