@@ -3,6 +3,9 @@ index (divmods over the simplified dims)."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -36,7 +39,24 @@ def _naive_kernel(src, dst, numel,
 # Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
 # go straight to the compiled kernel. A spec is the unit dtype (which fixes both pointers'), every
 # integer argument, the constexprs and the warps.
-_NAIVE = Launcher(_naive_kernel)
+@dataclass(frozen=True, eq=False)
+class NaivePlan:
+    """One naive launch: the Launcher's spec and constexpr source (naive_plan: one object per
+    distinct launch)."""
+
+    dtype: torch.dtype  # of the units moved (the elements, or wider words)
+    ints: tuple  # every integer argument: units, then (size, stride) of each dim, padded
+    dims: int  # ND: dims left after simplification
+    unit_width: int  # W: elements per unit
+    block: int  # units per program
+    offsets_64bit: bool  # offsets past 2**31
+    warps: int
+
+
+naive_plan = functools.lru_cache(maxsize=4096)(NaivePlan)
+
+_NAIVE = Launcher(_naive_kernel, lambda p: dict(ND=p.dims, W=p.unit_width, BLOCK=p.block,
+                                                I64=p.offsets_64bit, num_warps=p.warps))
 
 
 class NaiveBackend(_TritonBackend):
@@ -60,6 +80,6 @@ class NaiveBackend(_TritonBackend):
         block = config["BLOCK"]
         ints = (n, *_padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS))
         nd, i64, warps = len(sizes), needs_int64(n * w, call.span * w), config["num_warps"]
-        _NAIVE((src.dtype, ints, nd, w, block, i64, warps), (cdiv(n, block),), (src, dst, *ints),
-               lambda: dict(ND=nd, W=w, BLOCK=block, I64=i64, num_warps=warps))
+        _NAIVE(naive_plan(src.dtype, ints, nd, w, block, i64, warps), (cdiv(n, block),),
+               (src, dst, *ints))
         return _finish(call, out)

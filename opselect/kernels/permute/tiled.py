@@ -3,6 +3,7 @@ a moving dim of few elements)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -204,10 +205,53 @@ def _narrow_kernel(src, dst, M, n_tm,
             tl.store(dst + base_out + m0 * N + flat, chunk, mask=flat < rows * N)
 
 
-_TILED = Launcher(_tiled_kernel)
+@dataclass(frozen=True, eq=False)
+class TiledLaunchPlan:
+    """One tiled launch (tiles of [BA x BB] over the two groups of dims that swap): the
+    Launcher's spec and constexpr source (tiled_launch_plan: one object per distinct launch)."""
+
+    dtype: torch.dtype  # of the units moved
+    ints: tuple  # every integer argument: A, B, tile counts, each group's (size, stride)s, batch
+    a_dims: int  # NA
+    b_dims: int  # NB
+    batch_dims: int  # NC
+    a_block: int  # BA
+    b_block: int  # BB
+    unit_width: int  # W: elements per unit
+    tiles_per_program: int  # TPP
+    offsets_64bit: bool
+    warps: int
 
 
-_NARROW = Launcher(_narrow_kernel)
+@dataclass(frozen=True, eq=False)
+class NarrowLaunchPlan:
+    """One narrow-tile launch (a short group of dims against a long one)."""
+
+    dtype: torch.dtype
+    ints: tuple  # the wide group's length, its tile count, the group's (size, stride)s, batch
+    narrow: int  # N: length of the narrow group
+    narrow_padded: int  # NP: N padded to a power of two
+    group_dims: int  # NG
+    batch_dims: int  # NC
+    wide_block: int  # BW: elements of the wide group per tile
+    tiles_per_program: int  # TPP
+    narrow_in: bool  # the narrow group is the input's innermost
+    offsets_64bit: bool
+    warps: int
+
+
+tiled_launch_plan = functools.lru_cache(maxsize=4096)(TiledLaunchPlan)
+narrow_launch_plan = functools.lru_cache(maxsize=4096)(NarrowLaunchPlan)
+
+_TILED = Launcher(_tiled_kernel, lambda p: dict(
+    NA=p.a_dims, NB=p.b_dims, NC=p.batch_dims, BA=p.a_block, BB=p.b_block, W=p.unit_width,
+    TPP=p.tiles_per_program, EVEN_A=p.ints[0] % p.a_block == 0,
+    EVEN_B=p.ints[1] % p.b_block == 0, I64=p.offsets_64bit, num_warps=p.warps))
+
+
+_NARROW = Launcher(_narrow_kernel, lambda p: dict(
+    N=p.narrow, NP=p.narrow_padded, NG=p.group_dims, NC=p.batch_dims, BW=p.wide_block,
+    TPP=p.tiles_per_program, IN_NARROW=p.narrow_in, I64=p.offsets_64bit, num_warps=p.warps))
 
 
 class TilePlan:
@@ -387,11 +431,8 @@ class TiledBackend(_TritonBackend):
         na, nb, nc = len(plan.a_dims), len(plan.b_dims), len(plan.batch)
         i64 = needs_int64(n_units + (ba + bb) * w, call.span * w + (ba + bb) * w)
         warps = config["num_warps"]
-        _TILED((src.dtype, ints, na, nb, nc, ba, bb, w, tpp, i64, warps), (n_tiles // tpp,),
-               (src, dst, *ints),
-               lambda: dict(NA=na, NB=nb, NC=nc, BA=ba, BB=bb, W=w, TPP=tpp,
-                            EVEN_A=plan.A % ba == 0, EVEN_B=plan.B % bb == 0, I64=i64,
-                            num_warps=warps))
+        _TILED(tiled_launch_plan(src.dtype, ints, na, nb, nc, ba, bb, w, tpp, i64, warps),
+               (n_tiles // tpp,), (src, dst, *ints))
         return _finish(call, out)
 
     @staticmethod
@@ -412,7 +453,5 @@ class TiledBackend(_TritonBackend):
         ints = (m, n_tm, *plan.group_args(group), *batch)
         ng, nc, warps = len(group), len(plan.batch), config["num_warps"]
         i64 = needs_int64(n_units + np_ * bw, call.span + np_ * bw)
-        _NARROW((src.dtype, ints, n, np_, ng, nc, bw, tpp, narrow_in, i64, warps),
-                (n_tiles // tpp,), (src, dst, *ints),
-                lambda: dict(N=n, NP=np_, NG=ng, NC=nc, BW=bw, TPP=tpp, IN_NARROW=narrow_in,
-                             I64=i64, num_warps=warps))
+        _NARROW(narrow_launch_plan(src.dtype, ints, n, np_, ng, nc, bw, tpp, narrow_in, i64,
+                                   warps), (n_tiles // tpp,), (src, dst, *ints))

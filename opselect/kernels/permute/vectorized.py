@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -49,7 +52,27 @@ def _runs_kernel(src, dst, R, L, n_cb,
         tl.store(dst + row_out[:, None] + c[None, :], v, mask=mask)
 
 
-_RUNS = Launcher(_runs_kernel)
+@dataclass(frozen=True, eq=False)
+class RunsPlan:
+    """One vectorized launch (tiles of [rows x contiguous run]): the Launcher's spec and
+    constexpr source (runs_plan: one object per distinct launch)."""
+
+    dtype: torch.dtype  # of the elements
+    ints: tuple  # every integer argument: rows, run length, run blocks, outer (size, stride)s
+    dims: int  # ND: outer dims
+    rows_per_tile: int  # ROWS
+    run_block: int  # BLOCK_L: elements of a run per tile
+    tiles_per_program: int  # TPP
+    vector: int  # VEC: elements per vector access
+    offsets_64bit: bool
+    warps: int
+
+
+runs_plan = functools.lru_cache(maxsize=4096)(RunsPlan)
+
+_RUNS = Launcher(_runs_kernel, lambda p: dict(
+    ND=p.dims, ROWS=p.rows_per_tile, BLOCK_L=p.run_block, TPP=p.tiles_per_program,
+    EVEN_L=p.ints[1] % p.run_block == 0, VEC=p.vector, I64=p.offsets_64bit, num_warps=p.warps))
 
 
 class VectorizedBackend(_TritonBackend):
@@ -91,10 +114,8 @@ class VectorizedBackend(_TritonBackend):
         tpp = _tiles_per_program(config["TPP"], n_tiles)
         outer = list(zip(reversed(sizes[:-1]), (t * w for t in reversed(strides[:-1]))))
         ints = (rows, lu, n_cb, *_padded(outer, MAX_DIMS - 1))
-        nd, even, warps = len(outer), lu % block_l == 0, config["num_warps"]
+        nd, warps = len(outer), config["num_warps"]
         i64 = needs_int64(rows * lu + tile, call.span * w + tile)
-        _RUNS((src.dtype, ints, nd, block_r, block_l, tpp, w, i64, warps), (n_tiles // tpp,),
-              (src, dst, *ints),
-              lambda: dict(ND=nd, ROWS=block_r, BLOCK_L=block_l, TPP=tpp, EVEN_L=even, VEC=w,
-                           I64=i64, num_warps=warps))
+        _RUNS(runs_plan(src.dtype, ints, nd, block_r, block_l, tpp, w, i64, warps),
+              (n_tiles // tpp,), (src, dst, *ints))
         return _finish(call, out)

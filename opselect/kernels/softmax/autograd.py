@@ -3,7 +3,9 @@ forward backend ran (rows in registers, rows in two passes or split over program
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -13,7 +15,8 @@ from ...dispatch.device import device_info
 from .._common import Launcher, cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall, _collapse
 from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _empty_out, _new, _resident,
-                     _row_and_part, _strided_plan, _tiles_per_program, _warps)
+                     _row_and_part, _strided_plan, _tiles_per_program, _warps, strided_constexprs,
+                     strided_launch_plan)
 
 
 # Backward rows kernel: rows up to this long are held in registers (two tensors: y and dy).
@@ -179,16 +182,59 @@ def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_
                      _cast_for(_grad(y, g, t, LOG), dx_ptr), mask=mask)
 
 
-_ROWS_BWD = Launcher(_rows_bwd_kernel)
+@dataclass(frozen=True, eq=False)
+class RowsBackwardPlan:
+    """One launch of the rows backward kernel: the Launcher's spec and constexpr source."""
+
+    y_dtype: torch.dtype  # of the forward's output
+    grad_dtype: torch.dtype  # of the upstream gradient
+    dx_dtype: torch.dtype  # of the gradient written
+    ints: tuple  # every integer argument: rows, N / ALIGN, dy's row stride / ALIGN, tiles each
+    align: int  # the power of two (<= 16) dividing N and the strides
+    log: bool  # log_softmax
+    f64: bool  # accumulate in float64
+    rows_per_tile: int  # BLOCK_R
+    row_block: int  # BLOCK_N: the row padded to a power of two, or a chunk of it
+    single: bool  # the row in registers (one read of y and dy) or two passes over chunks
+    stages: int  # software pipelining of a program's tiles
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int
 
 
-_SPLIT_BWD_SUM = Launcher(_split_bwd_sum_kernel)
+@dataclass(frozen=True, eq=False)
+class SplitBackwardPlan:
+    """The two launches of a row split over programs (partial sums, then dx)."""
+
+    y_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    dx_dtype: torch.dtype
+    ints: tuple  # N / ALIGN, dy's row stride / ALIGN, chunk, programs per row
+    align: int
+    log: bool
+    f64: bool
+    block: int  # BLOCK_N: elements per step of a chunk
+    offsets_64bit: bool
 
 
-_SPLIT_BWD_APPLY = Launcher(_split_bwd_apply_kernel)
+rows_backward_plan = functools.lru_cache(maxsize=4096)(RowsBackwardPlan)
+split_backward_plan = functools.lru_cache(maxsize=4096)(SplitBackwardPlan)
+
+_ROWS_BWD = Launcher(_rows_bwd_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_R=p.rows_per_tile, BLOCK_N=p.row_block,
+    EVEN_N=p.row_block == p.ints[1] * p.align, SINGLE=p.single, NUM_STAGES=p.stages,
+    I64=p.offsets_64bit, num_warps=p.warps))
 
 
-_STRIDED_BWD = Launcher(_strided_bwd_kernel)
+_SPLIT_BWD_SUM = Launcher(_split_bwd_sum_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_N=p.block, I64=p.offsets_64bit, num_warps=8))
+
+
+_SPLIT_BWD_APPLY = Launcher(_split_bwd_apply_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, SPLIT_POW2=next_pow2(p.ints[3]), BLOCK_N=p.block,
+    I64=p.offsets_64bit, num_warps=8))
+
+
+_STRIDED_BWD = Launcher(_strided_bwd_kernel, strided_constexprs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,10 +323,9 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         a = _align(inner, sgo, sgn)
         ints = (n, inner // a, n_ib, sgo // a, sgn // a)
         warps = _warps(bn * bi)
-        _STRIDED_BWD((y.dtype, g.dtype, dx.dtype, ints, a, log, f64, bn, bi, single, i64, warps),
-                     (outer * n_ib,), (y, g, dx, *ints),
-                     lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=bn, BLOCK_I=bi,
-                                  SINGLE=single, I64=i64, num_warps=warps))
+        plan = strided_launch_plan(y.dtype, dx.dtype, g.dtype, ints, a, log, f64, bn, bi, single,
+                                   i64, warps)
+        _STRIDED_BWD(plan, (outer * n_ib,), (y, g, dx, *ints))
         return dx
     a = _align(n, sgo)
     bn = next_pow2(n)
@@ -294,13 +339,9 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         t = torch.empty(outer * split, dtype=torch.float64 if f64 else torch.float32,
                         device=y.device)
         ints = (n // a, sgo // a, chunk, split)
-        spec = (y.dtype, g.dtype, dx.dtype, ints, a, log, f64, block, i64)
-        _SPLIT_BWD_SUM(spec, (outer * split,), (y, g, t, *ints),
-                       lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=block, I64=i64,
-                                    num_warps=8))
-        _SPLIT_BWD_APPLY(spec, (outer * split,), (y, g, dx, t, *ints),
-                         lambda: dict(ALIGN=a, LOG=log, F64=f64, SPLIT_POW2=next_pow2(split),
-                                      BLOCK_N=block, I64=i64, num_warps=8))
+        plan = split_backward_plan(y.dtype, g.dtype, dx.dtype, ints, a, log, f64, block, i64)
+        _SPLIT_BWD_SUM(plan, (outer * split,), (y, g, t, *ints))
+        _SPLIT_BWD_APPLY(plan, (outer * split,), (y, g, dx, t, *ints))
         return dx
     single = n <= single_max
     if single:
@@ -315,11 +356,9 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     per = _tiles_per_program(tiles, _resident(sm_count, warps, 2 * block_r * block_n, f64))
     ints = (outer, n // a, sgo // a, per)
     stages = 2 if per > 1 and single and block_r * block_n <= 8192 else 1
-    _ROWS_BWD((y.dtype, g.dtype, dx.dtype, ints, a, log, f64, block_r, block_n, single, stages,
-               i64, warps), (cdiv(tiles, per),), (y, g, dx, *ints),
-              lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r, BLOCK_N=block_n,
-                           EVEN_N=block_n == n, SINGLE=single, NUM_STAGES=stages, I64=i64,
-                           num_warps=warps))
+    plan = rows_backward_plan(y.dtype, g.dtype, dx.dtype, ints, a, log, f64, block_r, block_n,
+                              single, stages, i64, warps)
+    _ROWS_BWD(plan, (cdiv(tiles, per),), (y, g, dx, *ints))
     return dx
 
 

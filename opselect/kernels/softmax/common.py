@@ -3,7 +3,9 @@ that fused and multirow both launch, and the host arithmetic of warps, residency
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -166,11 +168,67 @@ def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
 # ---------------------------------------------------------------------------------------------
 # Launch helpers
 # ---------------------------------------------------------------------------------------------
-# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
-# go straight to the compiled kernel. A spec is the input and output dtypes (the scratch tensors'
-# follow from F64), every integer argument, the constexprs and the warps. LAUNCHERS names them by
+# Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per plan, later
+# calls go straight to the compiled kernel. A plan (the spec) holds the input and output dtypes
+# (the scratch tensors' follow from F64), every integer argument, the constexprs and the warps;
+# each launcher maps its plan to the constexprs where it is declared. LAUNCHERS names them by
 # kernel, for tests that watch the launches.
-_ROWS_FWD = Launcher(_rows_fwd_kernel)
+@dataclass(frozen=True, eq=False)
+class RowsPlan:
+    """One launch of the rows kernel (fused: a row per tile; multirow: many rows per tile): the
+    Launcher's spec and constexpr source. Built by rows_plan, one object per distinct launch."""
+
+    in_dtype: torch.dtype  # of the tensor read (the input, or its torch cast)
+    out_dtype: torch.dtype  # of the output
+    ints: tuple  # every integer argument: rows, N / ALIGN, the two row strides / ALIGN, tiles per program
+    align: int  # the power of two (<= 16) dividing N and the strides: 16-byte vectors
+    log: bool  # log_softmax
+    f64: bool  # accumulate in float64
+    rows_per_tile: int  # BLOCK_R
+    row_block: int  # BLOCK_N: the row padded to a power of two
+    stages: int  # software pipelining of a program's tiles
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int
+
+
+@functools.lru_cache(maxsize=4096)
+def rows_plan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block, stages,
+              offsets_64bit, warps) -> RowsPlan:
+    return RowsPlan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block, stages,
+                    offsets_64bit, warps)
+
+
+_ROWS_FWD = Launcher(_rows_fwd_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_R=p.rows_per_tile, BLOCK_N=p.row_block,
+    EVEN_N=p.row_block == p.ints[1] * p.align, NUM_STAGES=p.stages, I64=p.offsets_64bit,
+    num_warps=p.warps))
+
+
+@dataclass(frozen=True, eq=False)
+class StridedPlan:
+    """One launch of a strided kernel (softmax over a non-last dim, forward or backward: a tile of
+    [dim x BLOCK_I inner columns] per program): the Launcher's spec and constexpr source."""
+
+    in_dtype: torch.dtype  # of the tensor read (forward: x; backward: y)
+    out_dtype: torch.dtype  # of the tensor written (forward: y; backward: dx)
+    grad_dtype: torch.dtype | None  # backward: of the upstream gradient (None: forward)
+    ints: tuple  # every integer argument: the dim, inner / ALIGN, inner blocks, strides / ALIGN
+    align: int  # the power of two (<= 16) dividing inner and the strides
+    log: bool  # log_softmax
+    f64: bool  # accumulate in float64
+    dim_block: int  # BLOCK_N: the dim padded to a power of two, or a chunk of it
+    inner_block: int  # BLOCK_I: inner columns per program
+    single: bool  # the whole dim in registers (one read) or two passes
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int
+
+
+strided_launch_plan = functools.lru_cache(maxsize=4096)(StridedPlan)
+
+
+def strided_constexprs(p: StridedPlan) -> dict:
+    return dict(ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_N=p.dim_block, BLOCK_I=p.inner_block,
+                SINGLE=p.single, I64=p.offsets_64bit, num_warps=p.warps)
 
 
 def _align(*values: int) -> int:
@@ -235,10 +293,8 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch
     ints = (rows, n // a, sx // a, n // a, per)
     log, f64, stages = call.log, call.f64, stages if per > 1 else 1
     i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
-    _ROWS_FWD((x.dtype, y.dtype, ints, a, log, f64, block_r, bn, stages, i64, warps),
-              (cdiv(tiles, per),), (x, y, *ints),
-              lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_R=block_r, BLOCK_N=bn,
-                           EVEN_N=bn == n, NUM_STAGES=stages, I64=i64, num_warps=warps))
+    plan = rows_plan(x.dtype, y.dtype, ints, a, log, f64, block_r, bn, stages, i64, warps)
+    _ROWS_FWD(plan, (cdiv(tiles, per),), (x, y, *ints))
     return y
 
 

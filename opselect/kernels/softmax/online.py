@@ -3,6 +3,9 @@ over programs (two launches, or one cooperative launch) when rows are few."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -158,16 +161,62 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
              mask=mask)
 
 
-_ONLINE_FWD = Launcher(_online_fwd_kernel)
+@dataclass(frozen=True, eq=False)
+class ChunkPlan:
+    """One launch that walks rows in chunks of `block` (online's single pass, or the split pass's
+    statistics and normalisation): the Launcher's spec and constexpr source. Built by
+    chunk_plan, one object per distinct launch."""
+
+    in_dtype: torch.dtype  # of the tensor read
+    out_dtype: torch.dtype | None  # of the output (None: the statistics pass writes none)
+    ints: tuple  # every integer argument (N / ALIGN, strides / ALIGN[, chunk, programs per row])
+    align: int  # the power of two (<= 16) dividing N and the strides
+    log: bool  # log_softmax
+    f64: bool  # accumulate in float64
+    block: int  # BLOCK_N: elements of a row per step
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int
 
 
-_SPLIT_STATS = Launcher(_split_stats_kernel)
+@dataclass(frozen=True, eq=False)
+class CoopPlan:
+    """One cooperative launch (a row's chunks in programs that wait for each other's partial
+    statistics): the Launcher's spec and constexpr source."""
+
+    in_dtype: torch.dtype
+    out_dtype: torch.dtype
+    ints: tuple  # N / ALIGN, the row strides / ALIGN, programs per row, rows
+    align: int
+    log: bool
+    f64: bool
+    chunk: int  # elements of a row per program
+    spin_limit: int  # polls of the arrival counter before a program gives up and recomputes
+    fallback_block: int  # block of the recomputation when it gives up
+    offsets_64bit: bool
+    warps: int
 
 
-_SPLIT_NORM = Launcher(_split_norm_kernel)
+chunk_plan = functools.lru_cache(maxsize=4096)(ChunkPlan)
+coop_plan = functools.lru_cache(maxsize=4096)(CoopPlan)
+
+# (SPLIT_POW2: the programs per row, the last integer argument there, padded to a power of two.)
+_ONLINE_FWD = Launcher(_online_fwd_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_N=p.block, I64=p.offsets_64bit, num_warps=p.warps))
 
 
-_COOP_FWD = Launcher(_coop_fwd_kernel)
+_SPLIT_STATS = Launcher(_split_stats_kernel, lambda p: dict(
+    ALIGN=p.align, F64=p.f64, BLOCK_N=p.block, I64=p.offsets_64bit, num_warps=p.warps))
+
+
+_SPLIT_NORM = Launcher(_split_norm_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, SPLIT_POW2=next_pow2(p.ints[-1]), BLOCK_N=p.block,
+    I64=p.offsets_64bit, num_warps=p.warps))
+
+
+_COOP_FWD = Launcher(_coop_fwd_kernel, lambda p: dict(
+    ALIGN=p.align, LOG=p.log, F64=p.f64, CHUNK=p.chunk, SPLIT_POW2=next_pow2(p.ints[3]),
+    SPIN_LIMIT=p.spin_limit, FALLBACK_BLOCK=p.fallback_block, I64=p.offsets_64bit,
+    num_warps=p.warps))
 
 
 # A cooperative row has at most this many chunks (a program each, all running at once).
@@ -204,10 +253,8 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
     spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
     fallback = min(chunk, 64 * 32 * warps // 16)
     i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
-    _COOP_FWD((x.dtype, y.dtype, ints, a, log, f64, chunk, spin, fallback, i64, warps),
-              (rows * split,), (x, y, partials, sync, *ints),
-              lambda: dict(ALIGN=a, LOG=log, F64=f64, CHUNK=chunk, SPLIT_POW2=next_pow2(split),
-                           SPIN_LIMIT=spin, FALLBACK_BLOCK=fallback, I64=i64, num_warps=warps))
+    plan = coop_plan(x.dtype, y.dtype, ints, a, log, f64, chunk, spin, fallback, i64, warps)
+    _COOP_FWD(plan, (rows * split,), (x, y, partials, sync, *ints))
     return y
 
 
@@ -222,10 +269,8 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int) -> torch.
     log, f64 = call.log, call.f64
     if split == 1:
         ints = (n // a, sx // a, n // a)
-        _ONLINE_FWD((x.dtype, y.dtype, ints, a, log, f64, block, i64, warps), (rows,),
-                    (x, y, *ints),
-                    lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=block, I64=i64,
-                                 num_warps=warps))
+        _ONLINE_FWD(chunk_plan(x.dtype, y.dtype, ints, a, log, f64, block, i64, warps), (rows,),
+                    (x, y, *ints))
         return y
     chunk = cdiv(cdiv(n, split), block) * block
     split = cdiv(n, chunk)
@@ -233,14 +278,11 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int) -> torch.
     m = torch.empty(rows * split, dtype=acc, device=x.device)
     s = torch.empty(rows * split, dtype=acc, device=x.device)
     stats = (n // a, sx // a, chunk, split)
-    _SPLIT_STATS((x.dtype, stats, a, f64, block, i64, warps), (rows * split,),
-                 (x, m, s, *stats),
-                 lambda: dict(ALIGN=a, F64=f64, BLOCK_N=block, I64=i64, num_warps=warps))
+    _SPLIT_STATS(chunk_plan(x.dtype, None, stats, a, False, f64, block, i64, warps),
+                 (rows * split,), (x, m, s, *stats))
     norm = (n // a, sx // a, n // a, chunk, split)
-    _SPLIT_NORM((x.dtype, y.dtype, norm, a, log, f64, block, i64, warps), (rows * split,),
-                (x, y, m, s, *norm),
-                lambda: dict(ALIGN=a, LOG=log, F64=f64, SPLIT_POW2=next_pow2(split),
-                             BLOCK_N=block, I64=i64, num_warps=warps))
+    _SPLIT_NORM(chunk_plan(x.dtype, y.dtype, norm, a, log, f64, block, i64, warps),
+                (rows * split,), (x, y, m, s, *norm))
     return y
 
 

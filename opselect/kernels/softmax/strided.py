@@ -12,7 +12,7 @@ from .._common import Launcher, cdiv, needs_int64, next_pow2
 from .autograd import _run
 from .call import SoftmaxCall
 from .common import (TILE_MAX, _acc, _align, _cast_for, _empty_out, _finish, _merge, _online_step,
-                     _operand, _strided_plan, _warps)
+                     _operand, _strided_plan, _warps, strided_constexprs, strided_launch_plan)
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
                      _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
 
 
-_STRIDED_FWD = Launcher(_strided_fwd_kernel)
+_STRIDED_FWD = Launcher(_strided_fwd_kernel, strided_constexprs)
 
 
 def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) -> torch.Tensor:
@@ -85,10 +85,9 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) ->
     ints = (n, inner // a, n_ib, so // a, sn // a)
     log, f64 = call.log, call.f64
     i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
-    _STRIDED_FWD((x.dtype, y.dtype, ints, a, log, f64, bn, bi, single, i64, warps),
-                 (outer * n_ib,), (x, y, *ints),
-                 lambda: dict(ALIGN=a, LOG=log, F64=f64, BLOCK_N=bn, BLOCK_I=bi, SINGLE=single,
-                              I64=i64, num_warps=warps))
+    plan = strided_launch_plan(x.dtype, y.dtype, None, ints, a, log, f64, bn, bi, single, i64,
+                               warps)
+    _STRIDED_FWD(plan, (outer * n_ib,), (x, y, *ints))
     return y
 
 
