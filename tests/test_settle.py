@@ -97,3 +97,17 @@ def test_a_winner_by_device_time_that_loses_in_turns_is_not_chosen(cpu_triton, m
                         lambda *a, **k: pytest.fail("a recorded call was measured again"))
     again = opselect.explain("isin", a, b, show=False)
     assert again.source == "cache" and again.choice == decision.choice
+
+
+def test_cold_memo_stays_bounded(cpu_triton, monkeypatch):
+    """A program of ever new shapes does not grow the per-call memo without end."""
+    from opselect.dispatch import op as op_module
+
+    monkeypatch.setattr(op_module, "COLD_MEMO_MAX", 2)
+    op = get_op("isin")
+    test = torch.tensor([1, 5])
+    for m in (3, 4, 5, 6, 7):
+        elements = torch.arange(m)
+        assert torch.equal(ops.isin(elements, test), torch.isin(elements, test))
+        assert 1 <= len(op._cold) <= 2
+        assert op.chosen(op.prepare(elements, test)) is not None

@@ -30,6 +30,8 @@ TORCH_MARGIN = 0.93
 #: measuring): a wider margin there would keep torch over a measured 5% gain, a tuned choice
 #: slower than the cold one it replaced.
 MEASURED_TORCH_MARGIN = 0.97
+#: Cold choices are kept per exact call; past this many the memo starts again.
+COLD_MEMO_MAX = 1 << 16
 
 
 def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
@@ -340,6 +342,10 @@ class Op:
 
     def _remember(self, call: Call, choice: Choice) -> Choice:
         if choice.provisional:
+            if len(self._cold) >= COLD_MEMO_MAX:
+                # A program of ever new shapes (a dynamic sequence length): the model decides
+                # again (tens of microseconds), the memory stays bounded.
+                self._cold.clear()
             self._cold[call.exact] = choice
         else:
             self._memo[call.key] = choice
