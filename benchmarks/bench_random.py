@@ -4,6 +4,10 @@
     python benchmarks/bench_random.py --ops topk       # one op (writes random_topk.{json,md})
     TRITON_INTERPRET=1 python benchmarks/bench_random.py --smoke --no-save   # a few tiny calls, CPU
 
+A run too long for one GPU session goes in parts: the fit seed once (any run leaves its rows in
+$OUT/random.fit.rows.json), then `--fit-from <that file> --part i/n` for each part of the report
+seed, then `--merge <part results>` (no GPU time) for the summary of the whole.
+
 For every op, --calls calls are drawn from the distribution below with a seeded random.Random
 (one stream per op and seed, so --ops picks the same calls as a full run) and a torch seed per
 call for the values. Each call is timed, by tuning_mode.time_interleaved (blocks of back-to-back
@@ -553,6 +557,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="start no call after this many seconds (0: no limit); the fit seed "
                         "gets the first 40%% of them: a run that must end in time reports "
                         "on the calls it measured")
+    p.add_argument("--part", default="",
+                   help="i/n: measure only every n-th call of the report seed from the i-th "
+                        "(1-based), to spread a run over several GPU sessions; with --fit-from")
+    p.add_argument("--fit-from", default="",
+                   help="take the fit seed's rows from this file (a saved result, or "
+                        "$OUT/random.fit.rows.json of an earlier run) instead of measuring them")
+    p.add_argument("--merge", default="",
+                   help="comma list of saved results (parts of one run): measure nothing, "
+                        "combine their report rows, summarise and save")
     p.add_argument("--tune-budget-ms", type=float, default=10.0,
                    help="tuning's time per config (0: the library's default)")
     args = p.parse_args(argv)
@@ -561,7 +574,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown ops {bad}; choose from {', '.join(OPS)}")
     args.calls = args.calls or (3 if args.smoke else 60)
+    args.part_index, args.part_count = 0, 1
+    if args.part:
+        try:
+            i, n = (int(v) for v in args.part.split("/"))
+        except ValueError:
+            p.error(f"--part {args.part!r}: expected i/n, such as 2/3")
+        if not 1 <= i <= n:
+            p.error(f"--part {args.part!r}: i must be in 1..n")
+        args.part_index, args.part_count = i - 1, n
     return args
+
+
+def _load_rows(path: str, section: str) -> list[dict]:
+    """Rows of a saved result's section ("fit" or "report"), or a rows file (a JSON list)."""
+    data = json.loads(Path(path).read_text())
+    return data if isinstance(data, list) else data[section]["rows"]
 
 
 def run_seed(seed: int, args, device, fitted, time_fns, started: float, tag: str,
@@ -570,6 +598,9 @@ def run_seed(seed: int, args, device, fitted, time_fns, started: float, tag: str
     for op in args.ops:
         rng = random.Random(f"bench_random/{op}/{seed}")
         for i in range(args.calls):
+            if tag == "report" and i % args.part_count != args.part_index:
+                draw(op, rng, args.smoke)  # (the same stream of calls in every part)
+                continue
             if deadline and time.monotonic() - started > deadline:
                 print(f"# {tag}: past {deadline:.0f}s, {op} stops after {i} calls", flush=True)
                 break
@@ -607,11 +638,25 @@ def main(argv=None) -> dict:
           f"{args.fit_seed}, report seed {args.seed}; timer {timer_name}", flush=True)
     device = torch.empty(0, device=device).device  # cuda:0, as the tensors' calls see it
     live = device_model.model_for(device_info(device))
-    fit_rows = run_seed(args.fit_seed, args, device, None, time_fns, started, "fit",
-                        0.4 * args.deadline_s)
-    fitted, scales, samples = fit(fit_rows, live)
-    rows = run_seed(args.seed, args, device, fitted, time_fns, started, "report",
-                    args.deadline_s)
+    if args.merge:
+        paths = [q for q in args.merge.split(",") if q]
+        fit_rows = _load_rows(paths[0], "fit")
+        fitted, scales, samples = fit(fit_rows, live)
+        seen: dict[tuple, dict] = {}
+        for path in paths:
+            for row in _load_rows(path, "report"):
+                seen.setdefault((row["group"], row["index"]), row)
+        rows = [seen[k] for k in sorted(seen, key=lambda k: (args.ops.index(k[0])
+                                                             if k[0] in args.ops else 99, k[1]))]
+    else:
+        if args.fit_from:
+            fit_rows = _load_rows(args.fit_from, "fit")
+        else:
+            fit_rows = run_seed(args.fit_seed, args, device, None, time_fns, started, "fit",
+                                0.4 * args.deadline_s)
+        fitted, scales, samples = fit(fit_rows, live)
+        rows = run_seed(args.seed, args, device, fitted, time_fns, started, "report",
+                        args.deadline_s)
 
     groups = {op: [r for r in rows if r["group"] == op] for op in args.ops}
     summary = {op: summarise(rs, "fitted") for op, rs in groups.items()}
@@ -628,6 +673,8 @@ def main(argv=None) -> dict:
               "report": {"seed": args.seed, "summary": summary, "rows": rows},
               "targets_met": summary["all"]["targets_met"]}
     stem = "random" if sorted(args.ops) == sorted(OPS) else "random_" + "_".join(args.ops)
+    if args.part_count > 1:
+        stem += f"_part{args.part_index + 1}of{args.part_count}"
     harness.save_result(stem, result, markdown(result), slug,
                         save=not args.no_save and not args.smoke)
 

@@ -54,3 +54,32 @@ def test_bench_random_reports_every_mode(tmp_path, cpu_triton):
         "auto_cold_never_3pct_slower_than_torch", "cold_regret_p90_le_1.10",
         "cold_regret_max_le_1.5", "tuned_regret_geomean_le_1.03"}
     assert any(key.startswith("permute/") for key in data["fit"]["scales"])
+
+
+def test_bench_random_in_parts_measures_the_same_calls(tmp_path, cpu_triton):
+    """A run spread over GPU sessions: the fit seed once, the report seed in parts (--fit-from,
+    --part), then --merge: the merged run reports exactly the calls of a whole run."""
+    import json
+
+    def run(out, *extra):
+        out.mkdir()
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OUT": str(out),
+               "OPSELECT_CACHE_DIR": str(tmp_path / "cache")}
+        args = [sys.executable, str(ROOT / "benchmarks" / "bench_random.py"), "--smoke",
+                "--no-save", "--ops", "permute", "--calls", "3", *extra]
+        result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return out
+
+    whole = run(tmp_path / "whole")
+    fit_rows = str(whole / "random.fit.rows.json")
+    one = run(tmp_path / "one", "--fit-from", fit_rows, "--part", "1/2")
+    two = run(tmp_path / "two", "--fit-from", fit_rows, "--part", "2/2")
+    merged = run(tmp_path / "merged", "--merge", f"{one / 'random_permute_part1of2.json'},"
+                                                 f"{two / 'random_permute_part2of2.json'}")
+
+    def calls(path):
+        return [row["call"] for row in json.loads(path.read_text())["report"]["rows"]]
+
+    assert len(calls(one / "random_permute_part1of2.json")) == 2
+    assert calls(merged / "random_permute.json") == calls(whole / "random_permute.json")
