@@ -282,10 +282,7 @@ class Op:
         runs = []
         for backend in backends:
             for cfg in backend.configs(call):
-                fn = lambda backend=backend, cfg=cfg: backend.run(call, cfg)  # noqa: E731
-                if self.timed is not None:
-                    fn = self.timed(call, fn)
-                runs.append((backend, dict(cfg), fn))
+                runs.append((backend, dict(cfg), self._timed_run(backend, cfg, call)))
         # A candidate's first run on this machine happens in a separate process, so that one
         # that crashes (a segfault is no exception) is ranked last instead of ending the
         # user's process. torch's own op is not a candidate for that.
@@ -307,6 +304,14 @@ class Op:
                 best[backend.name] = (t, cfg)
         return best
 
+    def _timed_run(self, backend: Backend, cfg: dict, call: Call) -> Callable[[], Any]:
+        """What measuring times for one backend and config: its run, and under autograd the
+        backward too (self.timed)."""
+        def fn() -> Any:
+            return backend.run(call, cfg)
+
+        return fn if self.timed is None else self.timed(call, fn)
+
     def _settle(self, able: list[Candidate], call: Call) -> dict[str, float]:
         """Stage 2 of measuring (tuning_mode.time_interleaved): seconds per call of each
         candidate's configuration in turns with the others; inf for one that failed before."""
@@ -314,11 +319,9 @@ class Op:
         for c in able:
             if c.measured_s is not None and math.isinf(c.measured_s):
                 continue  # failed in stage 1 (or when it was recorded): never chosen
-            backend, cfg = self._by_name[c.name], dict(c.config or {})
-            fn = lambda backend=backend, cfg=cfg: backend.run(call, cfg)  # noqa: E731
-            if self.timed is not None:
-                fn = self.timed(call, fn)
-            items.append((f"{self.name}/{c.name} {cfg}", fn))
+            cfg = dict(c.config or {})
+            items.append((f"{self.name}/{c.name} {cfg}",
+                          self._timed_run(self._by_name[c.name], cfg, call)))
             names.append(c.name)
         times = dict(zip(names, _tuning.time_interleaved(items, _device_of(call))))
         return {c.name: times.get(c.name, math.inf) for c in able}
