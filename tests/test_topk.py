@@ -419,7 +419,7 @@ def test_tournament_plans_stay_in_bounds():
                     (64, 128000, 50), (4096, 32000, 50), (256, 50000, 1), (1024, 4096, 32),
                     (1, (1 << 31) + 4097, 1), (16, 1 << 20, 256), (3, 100, 100)]:
         for cfg in ({}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": 4}):
-            p = K_tournament.tournament_plan(R, N, k, 132, cfg)
+            p = K_tournament.tournament_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.reason:
                 continue
             assert (p.programs_per_row - 1) * p.chunk < N <= p.programs_per_row * p.chunk
@@ -427,8 +427,8 @@ def test_tournament_plans_stay_in_bounds():
             assert p.chunk // p.group <= p.group_maxima_slots <= 8192 and p.hot_groups >= 2 * k
             assert p.hot_groups * p.group <= cfg.get("CANDIDATES", 2048) and p.tile % p.group == 0
             assert p.programs_per_row == 1 or p.programs_per_row * k <= p.finish_tile <= K_tournament.TOURNAMENT_FINISH_MAX
-    assert K_tournament.tournament_plan(1, 16_000_000, 64, 132, {}).reason is None
-    assert K_tournament.tournament_plan(1, (1 << 31) + 4097, 1, 132, {}).reason is None
+    assert K_tournament.tournament_plan(1, 16_000_000, 64, torch.float32, True, 132, {}).reason is None
+    assert K_tournament.tournament_plan(1, (1 << 31) + 4097, 1, torch.float32, True, 132, {}).reason is None
 
 
 # ---------------------------------------------------------------------------------------------

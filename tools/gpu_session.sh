@@ -26,10 +26,11 @@ for part in "$@"; do
   start=$(date +%s)
   echo "== part $i: $kind $what (limit ${secs}s)" | tee "$log"
   case "$kind" in
-    tests) timeout -s INT "$secs" python3 -m pytest -q -m gpu -p no:cacheprovider $what >> "$log" 2>&1
+    # (eval: WHAT may quote, as in -k 'a or b')
+    tests) eval "timeout -s INT $secs python3 -m pytest -q -m gpu -p no:cacheprovider $what" >> "$log" 2>&1
            line=$(tail -1 "$log");;
     cmd)   timeout -s INT "$secs" bash -c "$what" >> "$log" 2>&1
-           line="rc=$? $(tail -2 "$log" | tr '\n' ' ')";;
+           line="rc=$? $(grep -v 'Warning\|warnings.warn' "$log" | tail -2 | tr '\n' ' ')";;
     *)     line="unknown kind";;
   esac
   # A part cut off by its time limit can leave workers (pytest-xdist, tuning's helper process)

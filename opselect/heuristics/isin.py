@@ -146,7 +146,7 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
 
 
 def bitmap(call, model, plan):
-    """plan: the bitmap backend's BitmapCostInputs (kernels/isin/bitmap.py)."""
+    """plan: the bitmap backend's BitmapPlan (kernels/isin/bitmap.py)."""
     cap_bits, local_bytes = plan.capacity_bits, plan.on_chip_bytes
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     bit_bytes = cap_bits / 8

@@ -9,12 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend
+from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
 from .call import IsinCall, _finish, _output, _trivial
-from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, _blocks_per_program, _hash_insert,
-                     _hash_probe_blocks, _key_bits, table_plan)
+from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program,
+                     _hash_insert, _hash_probe_blocks, _key_bits, table_plan)
 
 
 # The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
@@ -116,16 +116,25 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_p
                            LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM, False)
 
 
-_MINMAX = Launcher(_minmax_partials_kernel)
+# Each Launcher's spec is the BitmapPlan (made per dtype, sizes and flag: it fixes every integer
+# argument and every constexpr).
+_MINMAX = Launcher(_minmax_partials_kernel, lambda p: dict(
+    BLOCK=p.minmax_block, PER_PROGRAM=p.minmax_blocks_per_program, num_warps=4))
 
 
-_BITMAP_SETUP = Launcher(_bitmap_setup_kernel)
+_BITMAP_SETUP = Launcher(_bitmap_setup_kernel, lambda p: dict(
+    FULL_RANGE=p.full_range, KEY_BITS=p.key_bits, P_BLOCK=p.partials_padded,
+    BLOCK=p.setup_block, num_warps=4))
 
 
-_BITMAP_BUILD = Launcher(_bitmap_build_kernel)
+_BITMAP_BUILD = Launcher(_bitmap_build_kernel, lambda p: dict(
+    KEY_BITS=p.key_bits, BUCKET=p.bucket_width, BLOCK=p.build_block, num_warps=4))
 
 
-_BITMAP_PROBE = Launcher(_bitmap_probe_kernel)
+_BITMAP_PROBE = Launcher(_bitmap_probe_kernel, lambda p: dict(
+    KEY_BITS=p.key_bits, LOCAL_WORDS=p.on_chip_words, LOCAL_SLOTS=p.on_chip_slots,
+    INVERT=p.invert, BLOCK=p.probe_block, BLOCKS_PER_PROGRAM=p.blocks_per_program,
+    I64=p.offsets_64bit, num_warps=p.warps))
 
 
 def _fits_on_chip(nbytes: int) -> bool:
@@ -140,16 +149,26 @@ def bitmap_capacity(n: int, dtype: torch.dtype) -> int:
     return min(BITMAP_MAX_BITS, max(1 << 16, 32 * next_pow2(n)))
 
 
-@dataclass(frozen=True)
-class BitmapCostInputs:
-    """What the cost model needs of a bitmap launch (its launches take their parameters from
-    the data on the device: the value range decides bitmap or hash set)."""
+@dataclass(frozen=True, eq=False)
+class BitmapPlan(SetPlan):
+    """The launches of the bitmap backend (the test set's min and max, setup, build, probe):
+    the Launchers' spec and the cost model's input. Which structure a call uses (the bitmap
+    or, for a range past its capacity, the hash set) is decided on the device; the plan sizes
+    both."""
 
+    full_range: bool  # 8/16-bit keys: the bitmap covers the dtype's whole range (no min/max)
     capacity_bits: int  # bits of the bitmap (bitmap_capacity)
     on_chip_bytes: int  # a bitmap or table up to this size is copied on chip by each program
+    on_chip_words: int  # 32-bit words of bitmap each probing program copies on chip (0: none)
+    table_slots: int  # the hash set's slots with its flag (0: full range, no hash set)
+    minmax_block: int  # test elements per block of the min/max launch
+    minmax_blocks_per_program: int  # blocks each min/max program reduces
+    partials: int  # min/max programs (0: full range, no min/max launch)
+    partials_padded: int  # partials rounded up to a power of two (the setup reduces them)
+    setup_block: int  # bitmap words or table slots each setup program initialises
 
 
-class BitmapBackend(Backend):
+class BitmapBackend(PlannedBackend):
     """A bitmap over the test set's value range, decided on the device: no host sync. When the
     range exceeds the bitmap's capacity the same kernels use the hash set instead."""
 
@@ -173,56 +192,58 @@ class BitmapBackend(Backend):
         if done is not None:
             return done
         x, t = flat(call.elements), flat(call.test)
+        p = self.plan(call, config)
         dev = x.device
-        key_bits = _key_bits(x.dtype)
-        cap_bits = bitmap_capacity(call.n, x.dtype)
-        full_range = x.dtype.itemsize <= 2
-        log_t, local_slots = table_plan(call.n, key_bits, not full_range)
-        key_dtype = torch.int64 if key_bits == 64 else torch.int32
+        key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
         # Both structures are allocated (O(N) each, from the caching allocator); the setup kernel
         # initialises only the one the data calls for.
-        bits = torch.empty(cap_bits // 32, dtype=torch.int32, device=dev)
+        bits = torch.empty(p.capacity_bits // 32, dtype=torch.int32, device=dev)
         # (the slot past the table is the hash set's flag, as in HashBackend)
-        table = torch.empty(1 if full_range else (1 << log_t) + 1, dtype=key_dtype, device=dev)
+        table = torch.empty(max(p.table_slots, 1), dtype=key_dtype, device=dev)
         flag = table[table.numel() - 1:]
         params = torch.empty(2, dtype=torch.int64, device=dev)
-        m, n, invert, dtype = call.m, call.n, call.invert, x.dtype
+        if p.full_range:
+            parts = params
+        else:
+            parts = torch.empty(2 * p.partials, dtype=torch.int64, device=dev)
+            _MINMAX(p, (p.partials,), (t, parts, p.test_elements))
+        _BITMAP_SETUP(p, (cdiv(max(p.capacity_bits // 32, table.numel()), p.setup_block),),
+                      (parts, p.partials, params, bits, table, p.capacity_bits, p.table_slots,
+                       torch.iinfo(p.dtype).min))
+        _BITMAP_BUILD(p, (cdiv(p.test_elements, p.build_block),),
+                      (t, params, bits, table, flag, p.test_elements, p.capacity_bits,
+                       p.table_log2))
+        out = _output(call)
+        _BITMAP_PROBE(p, (cdiv(p.elements, p.probe_block * p.blocks_per_program),),
+                      (x, params, bits, table, flag, out, p.elements, p.capacity_bits,
+                       p.table_log2))
+        return _finish(call, out)
+
+    def plan_facts(self, call: IsinCall) -> tuple:
+        return call.elements.dtype, call.m, call.n, call.invert
+
+    def make_plan(self, call: IsinCall, config, sms: int) -> BitmapPlan:
+        dtype, m, n = call.elements.dtype, call.m, call.n
+        key_bits = _key_bits(dtype)
+        cap_bits = bitmap_capacity(n, dtype)
+        full_range = dtype.itemsize <= 2
+        log_t, local_slots = table_plan(n, key_bits, not full_range)
         if full_range:
-            parts, n_parts = params, 0
+            per, n_parts = 1, 0
         else:
             per = max(1, cdiv(n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
             n_parts = cdiv(n, self.MINMAX_BLOCK * per)
-            parts = torch.empty(2 * n_parts, dtype=torch.int64, device=dev)
-            _MINMAX((dtype, n, per), (n_parts,), (t, parts, n),
-                    lambda: dict(BLOCK=self.MINMAX_BLOCK, PER_PROGRAM=per, num_warps=4))
-        setup_block = 1024
-        slots = 0 if full_range else table.numel()
-        lowest = torch.iinfo(dtype).min
-        p_block = next_pow2(max(n_parts, 2))
-        _BITMAP_SETUP((dtype, n_parts, cap_bits, slots, full_range),
-                      (cdiv(max(cap_bits // 32, table.numel()), setup_block),),
-                      (parts, n_parts, params, bits, table, cap_bits, slots, lowest),
-                      lambda: dict(FULL_RANGE=full_range, KEY_BITS=key_bits, P_BLOCK=p_block,
-                                   BLOCK=setup_block, num_warps=4))
-        build_block = 1024
-        bucket_width = 1 if local_slots else WIDE_BUCKET.value
-        _BITMAP_BUILD((dtype, n, cap_bits, log_t, bucket_width), (cdiv(n, build_block),),
-                      (t, params, bits, table, flag, n, cap_bits, log_t),
-                      lambda: dict(KEY_BITS=key_bits, BUCKET=bucket_width, BLOCK=build_block,
-                                   num_warps=4))
-        out = _output(call)
         local_words = cap_bits // 32 if _fits_on_chip(cap_bits // 8) else 0
-        block, warps = config["BLOCK"], config["num_warps"]
-        per = _blocks_per_program(m, block,
-                                  config["PER_PROGRAM"] if (local_words or local_slots) else 1)
-        i64 = needs_int64(m)
-        _BITMAP_PROBE((dtype, m, cap_bits, log_t, local_words, local_slots, invert, block, per,
-                       i64, warps), (cdiv(m, block * per),),
-                      (x, params, bits, table, flag, out, m, cap_bits, log_t),
-                      lambda: dict(KEY_BITS=key_bits, LOCAL_WORDS=local_words,
-                                   LOCAL_SLOTS=local_slots, INVERT=invert, BLOCK=block,
-                                   BLOCKS_PER_PROGRAM=per, I64=i64, num_warps=warps))
-        return _finish(call, out)
-
-    def plan(self, call: IsinCall, config=None, *, sms=None) -> BitmapCostInputs:
-        return BitmapCostInputs(bitmap_capacity(call.n, call.elements.dtype), LOCAL_TABLE_BYTES)
+        block = config["BLOCK"]
+        per_probe = _blocks_per_program(m, block,
+                                        config["PER_PROGRAM"] if (local_words or local_slots) else 1)
+        return BitmapPlan(
+            dtype=dtype, elements=m, test_elements=n, invert=call.invert, key_bits=key_bits,
+            full_range=full_range, capacity_bits=cap_bits, on_chip_bytes=LOCAL_TABLE_BYTES,
+            on_chip_words=local_words, table_log2=log_t,
+            table_slots=0 if full_range else (1 << log_t) + 1, on_chip_slots=local_slots,
+            bucket_width=1 if local_slots else WIDE_BUCKET.value,
+            minmax_block=self.MINMAX_BLOCK, minmax_blocks_per_program=per, partials=n_parts,
+            partials_padded=next_pow2(max(n_parts, 2)), setup_block=1024, build_block=1024,
+            probe_block=block, blocks_per_program=per_probe, offsets_64bit=needs_int64(m),
+            warps=config["num_warps"])

@@ -3,6 +3,8 @@ and the open-addressing hash set (insert, lookup, probe blocks) that hash and bi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -212,3 +214,23 @@ def _blocks_per_program(m: int, block: int, per: int) -> int:
     """Several blocks per program amortise the on-chip copy of a table, but never more blocks
     than there are."""
     return max(1, min(per, cdiv(m, block)))
+
+
+@dataclass(frozen=True, eq=False)
+class SetPlan:
+    """What the plans of the backends that build a set from test_elements and probe it share
+    (hash, and bitmap's hash set past the bitmap's range)."""
+
+    dtype: torch.dtype  # of elements and test_elements
+    elements: int  # M
+    test_elements: int  # N
+    invert: bool  # isin(..., invert=True)
+    key_bits: int  # 32 or 64: the width of the keys
+    table_log2: int  # log2 of the hash set's slots
+    on_chip_slots: int  # slots each probing program copies on chip (0: read through L1/L2)
+    bucket_width: int  # slots read at once by a probe of a table read through L2
+    build_block: int  # test elements per building program
+    probe_block: int  # elements per probing block
+    blocks_per_program: int  # probing blocks per program (amortises an on-chip copy)
+    offsets_64bit: bool  # offsets past 2**31 elements
+    warps: int  # of the probing launch

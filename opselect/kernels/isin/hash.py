@@ -12,8 +12,8 @@ from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64
 from .call import IsinCall, _finish, _output, _trivial
-from .common import (WIDE_BUCKET, _blocks_per_program, _hash_insert, _hash_probe_blocks, _key_bits,
-                     table_plan)
+from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
+                     _hash_probe_blocks, _key_bits, table_plan)
 
 
 @triton.jit
@@ -50,24 +50,11 @@ _HASH_PROBE = Launcher(_hash_probe_kernel, lambda p: dict(
 
 
 @dataclass(frozen=True, eq=False)
-class HashPlan:
+class HashPlan(SetPlan):
     """The two launches of the hash backend (build the set, probe it): the Launchers' spec and
     the cost model's input."""
 
-    dtype: torch.dtype  # of elements and test_elements
-    elements: int  # M
-    test_elements: int  # N
-    invert: bool  # isin(..., invert=True)
-    key_bits: int  # 32 or 64: the width of the table's keys
-    table_log2: int  # log2 of the table's slots
-    on_chip_slots: int  # slots each probing program copies on chip (0: read through L1/L2)
-    bucket_width: int  # slots read at once by a probe of a table read through L2
     murmur_mix: bool  # floats in tables read through L2 go through murmur's finaliser
-    build_block: int  # test elements per building program
-    probe_block: int  # elements per probing block
-    blocks_per_program: int  # probing blocks per program (amortises the on-chip copy)
-    offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int  # of the probing launch
 
 
 class HashBackend(PlannedBackend):
@@ -121,6 +108,8 @@ class HashBackend(PlannedBackend):
         mix = dtype.is_floating_point and not local_slots
         block = config["BLOCK"]
         per = _blocks_per_program(m, block, config["PER_PROGRAM"] if local_slots else 1)
-        return HashPlan(dtype, m, call.n, call.invert, key_bits, log_t, local_slots,
-                        1 if local_slots else WIDE_BUCKET.value, mix, 1024, block, per,
-                        needs_int64(m), config["num_warps"])
+        return HashPlan(dtype=dtype, elements=m, test_elements=call.n, invert=call.invert,
+                        key_bits=key_bits, table_log2=log_t, on_chip_slots=local_slots,
+                        bucket_width=1 if local_slots else WIDE_BUCKET.value, build_block=1024,
+                        probe_block=block, blocks_per_program=per, offsets_64bit=needs_int64(m),
+                        warps=config["num_warps"], murmur_mix=mix)

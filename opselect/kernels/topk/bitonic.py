@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend
+from ...dispatch.backend import PlannedBackend
 from ...heuristics import topk as cost
 from .._common import Launcher, cdiv, next_pow2
 from .call import TopkCall, _outputs, _rows, _shape_out, _trivial
@@ -52,13 +54,29 @@ def _bitonic_kernel(x_ptr, val_ptr, idx_ptr, R, N, k, row_stride, col_stride, fl
     tl.store(idx_ptr + out, idx, mask=om)
 
 
-_BITONIC = Launcher(_bitonic_kernel)
+@dataclass(frozen=True, eq=False)
+class BitonicPlan:
+    """Launch parameters of the bitonic backend: `rows_per_program` whole rows, each padded to a
+    power of two and held in registers, sorted or topk-merged by one program."""
+
+    rows_per_program: int = 0  # rows each program holds (a power of two)
+    row_padded: int = 0  # a row's length rounded up to a power of two
+    k_padded: int = 0  # k rounded up to a power of two
+    warps: int = 0  # warps per program
+    is_float: bool = False  # floating-point keys (their bits are reordered to compare as integers)
+
+
+# The spec is (plan, row stride, column stride, flip): the plan fixes every other integer
+# argument (R, N, k: it is made per call's sizes) and every constexpr.
+_BITONIC = Launcher(_bitonic_kernel, lambda spec: dict(
+    ROWS=spec[0].rows_per_program, NP=spec[0].row_padded, KP=spec[0].k_padded,
+    IS_FLOAT=spec[0].is_float, num_warps=spec[0].warps))
 
 
 # ---------------------------------------------------------------------------------------------
 # bitonic
 # ---------------------------------------------------------------------------------------------
-class BitonicBackend(Backend):
+class BitonicBackend(PlannedBackend):
     name = "bitonic"
     estimate = staticmethod(cost.bitonic)
     MAX_N = BITONIC_MAX
@@ -88,14 +106,19 @@ class BitonicBackend(Backend):
         done = _trivial(call)
         if done is not None:
             return done
+        p = self.plan(call, config)
         x, row_stride, col_stride = _rows(call, unit_col=False)
         R, N, k = call.R, call.N, call.k
         values, indices = _outputs(call)
-        rows, warps = config["ROWS"], config["num_warps"]
         flip = 0 if call.largest else -1
-        dtype = call.input.dtype
-        _BITONIC((R, N, k, row_stride, col_stride, flip, rows, warps, dtype), (cdiv(R, rows),),
-                 (x, values, indices, R, N, k, row_stride, col_stride, flip),
-                 lambda: dict(ROWS=rows, NP=max(1, next_pow2(N)), KP=next_pow2(k),
-                              IS_FLOAT=dtype.is_floating_point, num_warps=warps))
+        _BITONIC((p, row_stride, col_stride, flip), (cdiv(R, p.rows_per_program),),
+                 (x, values, indices, R, N, k, row_stride, col_stride, flip))
         return _shape_out(call, values, indices)
+
+    def plan_facts(self, call: TopkCall) -> tuple:
+        return call.R, call.N, call.k, call.input.dtype
+
+    def make_plan(self, call: TopkCall, config: dict, sms: int) -> BitonicPlan:
+        return BitonicPlan(rows_per_program=config["ROWS"], row_padded=max(1, next_pow2(call.N)),
+                           k_padded=next_pow2(call.k), warps=config["num_warps"],
+                           is_float=call.input.dtype.is_floating_point)

@@ -315,10 +315,23 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
                                  n_gt + n_tie, val_ptr + out, idx_ptr + out, CB, UB, KEY64)
 
 
-_MAXIMA_PASS = Launcher(_maxima_pass_kernel)
+# Each Launcher's spec is (plan, row stride, flip, pdl): the plan fixes every other integer
+# argument and every constexpr, and is made per dtype; pdl is the plan's PDL where the device
+# has griddepcontrol (sm_90+).
+def _keys(spec: tuple) -> dict:
+    return dict(IS_FLOAT=spec[0].is_float, KEY64=spec[0].key64, PDL=spec[3])
 
 
-_MAXIMA_SELECT = Launcher(_maxima_select_kernel)
+_MAXIMA_PASS = Launcher(_maxima_pass_kernel, lambda spec: dict(
+    G=spec[0].group, TILE=spec[0].tile, SG=spec[0].supergroup, EVICT=spec[0].evict,
+    num_warps=spec[0].pass_warps, **_keys(spec)))
+
+
+_MAXIMA_SELECT = Launcher(_maxima_select_kernel, lambda spec: dict(
+    COOP=spec[0].coop, SP=spec[0].supergroups_padded, G=spec[0].group,
+    GT2=spec[0].groups_per_scan, HG=spec[0].hot_groups_per_gather,
+    CB=spec[0].candidates_per_step, UB=spec[0].rivals_per_step, FT=spec[0].finish_tile,
+    num_warps=spec[0].select_warps, launch_pdl=spec[3], **_keys(spec)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,13 +357,11 @@ RHO_MIN = 1.25
 
 @dataclass(frozen=True, eq=False)
 class MaximaPlan:
-    """Launch parameters of the maxima backend. Launch 1: NB programs per row, a chunk of CPP
-    elements (whole TILEs) each, writing maxima of groups of G and
-    supergroups of SG elements (S supergroups, NG groups; row strides SR, NGR in the
-    workspace). Launch 2: NB2 programs per row (coop: they wait for each other once), GPP
-    groups each (scanned GT2 at a time, hot ones gathered HG at a time); the cut stops once k
-    to k_hi supergroup maxima reach it; candidates (CAP survivors at most, EQ_CAP ties) are
-    ranked CB at a time against UB at a time."""
+    """Launch parameters of the maxima backend. Launch 1: `programs_per_row` programs per row,
+    a `chunk` of whole tiles each, writing the maximum of every group and of every supergroup.
+    Launch 2: `select_programs_per_row` programs per row (coop: they wait for each other once)
+    scan the maxima; the cut stops once k to k_hi supergroup maxima reach it; the candidates
+    above it are ranked against each other (see _maxima_select_kernel)."""
 
     group: int = 0  # elements per group (launch 1 writes each group's maximum)
     tile: int = 0  # elements launch 1 loads at once
@@ -380,6 +391,8 @@ class MaximaPlan:
     select_warps: int = 0  # warps of launch 2
     workspace_offsets: tuple = ()  # int64 offsets of the workspace's parts
     workspace_elements: int = 0  # int64 elements of the workspace
+    is_float: bool = False  # floating-point keys (their bits are reordered to compare as integers)
+    key64: bool = False  # 64-bit keys (indices kept apart from them)
     reason: str | None = None  # why the plan cannot take the call (None: it can)
 
 
@@ -390,6 +403,7 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     R, N, kk = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch
     sms = config.get("SMS", sms)
     key64 = _key64(dtype)
+    p.is_float, p.key64 = dtype.is_floating_point, key64
     s_max = config.get("S_MAX", MAXIMA_S_MAX)
     g_min = config.get("G_MIN", 8)
     # Groups: at least 4 k of them, so that hot groups are few among many; about 256K at most
@@ -512,29 +526,18 @@ class MaximaBackend(_PlannedBackend):
         if done is not None:
             return done
         p, x, row_stride, values, indices, ws = self._setup(call, config)
-        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        R, N, k = call.R, call.N, call.k
         off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.workspace_offsets
         flip = 0 if call.largest else -1
         # griddepcontrol needs sm_90; the interpreter has no such instruction.
         pdl = p.pdl and not call.info.interpreted and (call.info.capability or (0, 0)) >= (9, 0)
-        spec = (p, row_stride, flip, pdl)  # the plan fixes every other integer and constexpr
-
-        def flags():
-            return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), PDL=pdl)
-
+        spec = (p, row_stride, flip, pdl)
         _MAXIMA_PASS(spec, (R, p.programs_per_row),
                      (x, ws, off_smax, off_gmax, N, row_stride, p.group_row_stride,
-                      p.supergroup_row_stride, p.chunk, flip),
-                     lambda: dict(G=p.group, TILE=p.tile, SG=p.supergroup, EVICT=p.evict,
-                                  num_warps=p.pass_warps, **flags()))
+                      p.supergroup_row_stride, p.chunk, flip))
         _MAXIMA_SELECT(spec, (R, p.select_programs_per_row),
                        (x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
                         N, row_stride, k, p.k_hi, p.group_row_stride, p.supergroup_row_stride,
                         p.groups, p.supergroups, p.groups_per_program, p.select_programs_per_row,
-                        p.survivor_capacity, p.tie_capacity, flip),
-                       lambda: dict(COOP=p.coop, SP=p.supergroups_padded, G=p.group,
-                                    GT2=p.groups_per_scan, HG=p.hot_groups_per_gather,
-                                    CB=p.candidates_per_step, UB=p.rivals_per_step,
-                                    FT=p.finish_tile, num_warps=p.select_warps, launch_pdl=pdl,
-                                    **flags()))
+                        p.survivor_capacity, p.tie_capacity, flip))
         return self._finish(call, p, values, indices)

@@ -347,16 +347,34 @@ def _radix_rows_kernel(x_ptr, ws_ptr, off_sbuf, off_sidx, val_ptr, idx_ptr,
 
 # Each kernel's launches: Triton binds the arguments once per plan, later calls go straight to
 # the compiled kernel (see Launcher: a call's host time is part of what a user waits for).
-_RADIX_SAMPLE = Launcher(_radix_sample_kernel)
+# Each Launcher's spec is (plan, row stride, flip): the plan fixes every other integer argument
+# and every constexpr, and is made per dtype.
+def _keys(p: "RadixPlan") -> dict:
+    return dict(IS_FLOAT=p.is_float, KEY64=p.key64)
 
 
-_RADIX_FILTER = Launcher(_radix_filter_kernel)
+def _finisher(p: "RadixPlan") -> dict:
+    return dict(SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile, num_warps=p.warps,
+                **_keys(p))
 
 
-_RADIX_DIRECT = Launcher(_radix_direct_kernel)
+_RADIX_SAMPLE = Launcher(_radix_sample_kernel, lambda spec: dict(
+    SS=spec[0].samples_per_block, MS=spec[0].tops_per_sample_block, num_warps=4,
+    **_keys(spec[0])))
 
 
-_RADIX_ROWS = Launcher(_radix_rows_kernel)
+_RADIX_FILTER = Launcher(_radix_filter_kernel, lambda spec: dict(
+    COOP=spec[0].mode == "coop", SS=spec[0].samples_per_block,
+    MS=spec[0].tops_per_sample_block, TILE=spec[0].tile, SUB=spec[0].subtile,
+    **_finisher(spec[0])))
+
+
+_RADIX_DIRECT = Launcher(_radix_direct_kernel, lambda spec: _finisher(spec[0]))
+
+
+_RADIX_ROWS = Launcher(_radix_rows_kernel, lambda spec: dict(
+    SS=spec[0].samples_per_block, TILE=spec[0].tile, SUB=spec[0].subtile,
+    **_finisher(spec[0])))
 
 
 @dataclass(frozen=True, eq=False)
@@ -391,6 +409,8 @@ class RadixPlan:
     workspace_offsets: dict = field(default_factory=dict)
     workspace_elements: int = 0  # int64 elements of the workspace
     warps: int = 0  # warps of the filtering / finishing programs
+    is_float: bool = False  # floating-point keys (their bits are reordered to compare as integers)
+    key64: bool = False  # 64-bit keys (indices kept apart from them)
 
 
 def _margin(mu: float) -> int:
@@ -410,6 +430,7 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
                config: dict) -> RadixPlan:
     key64 = _key64(dtype)
     p = SimpleNamespace()  # filled below, frozen at the end
+    p.is_float, p.key64 = dtype.is_floating_point, key64
     R, N, k = max(R, 1), max(N, 1), max(k, 1)  # empty calls never launch; the plan must exist
     sms = config.get("SMS", sms)
     ft_max = config.get("FT_MAX", FINISH_TILE_MAX)
@@ -559,31 +580,21 @@ class RadixBackend(_PlannedBackend):
             return done
         p = self.plan(call, config)
         x, row_stride, _ = _rows(call, unit_col=True)
-        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        R, N, k = call.R, call.N, call.k
         dev = x.device
         values, indices = _outputs(call)
         flip = 0 if call.largest else -1
-        spec = (p, row_stride, flip)  # the plan fixes every other integer and constexpr
+        spec = (p, row_stride, flip)
         o = p.workspace_offsets
-
-        def flags():
-            return dict(IS_FLOAT=dtype.is_floating_point, KEY64=_key64(dtype), num_warps=p.warps)
-
         if p.mode == "direct":
-            _RADIX_DIRECT(spec, (R,), (x, values, indices, N, row_stride, k, flip),
-                          lambda: dict(SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile,
-                                       **flags()))
+            _RADIX_DIRECT(spec, (R,), (x, values, indices, N, row_stride, k, flip))
         elif p.mode == "fused":
             ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
             _RADIX_ROWS(spec, (R,),
                         (x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k,
-                         p.threshold_rank, p.survivor_capacity, p.tie_capacity, flip),
-                        lambda: dict(SS=p.samples_per_block, TILE=p.tile, SUB=p.subtile,
-                                     SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile,
-                                     **flags()))
+                         p.threshold_rank, p.survivor_capacity, p.tie_capacity, flip))
         else:
-            coop = p.mode == "coop"
-            if coop:
+            if p.mode == "coop":
                 # The per-row counters start at zero (with the rest when that is small: one
                 # memset instead of an allocation and a memset).
                 if p.workspace_elements <= (1 << 20):
@@ -594,16 +605,9 @@ class RadixBackend(_PlannedBackend):
             else:
                 ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
                 _RADIX_SAMPLE(spec, (R, p.sample_blocks),
-                              (x, ws, o["lists"], N, row_stride, p.sample_blocks, flip),
-                              lambda: dict(SS=p.samples_per_block, MS=p.tops_per_sample_block,
-                                           IS_FLOAT=dtype.is_floating_point,
-                                           KEY64=_key64(dtype), num_warps=4))
+                              (x, ws, o["lists"], N, row_stride, p.sample_blocks, flip))
             _RADIX_FILTER(spec, (R, p.programs_per_row),
                           (x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N,
                            row_stride, k, p.threshold_rank, p.survivor_capacity, p.tie_capacity,
-                           p.tiles_per_program, p.programs_per_row, p.sample_blocks, flip),
-                          lambda: dict(COOP=coop, SS=p.samples_per_block,
-                                       MS=p.tops_per_sample_block, TILE=p.tile, SUB=p.subtile,
-                                       SORT=p.sort_in_kernel, KP=p.k_padded, FT=p.finish_tile,
-                                       **flags()))
+                           p.tiles_per_program, p.programs_per_row, p.sample_blocks, flip))
         return self._finish(call, p, values, indices)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import torch
 import triton
 import triton.language as tl
 
@@ -136,7 +137,13 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
         _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, SORT, KP, KP)
 
 
-_TOURNAMENT = Launcher(_tournament_kernel)
+# The spec is (plan, row stride, flip): the plan fixes every other integer argument and every
+# constexpr, and is made per dtype and order flag.
+_TOURNAMENT = Launcher(_tournament_kernel, lambda spec: dict(
+    SHARED=spec[0].programs_per_row > 1, G=spec[0].group, TILE=spec[0].tile,
+    MAXP=spec[0].group_maxima_slots, HOT=spec[0].hot_groups, FT=spec[0].finish_tile,
+    SORT=spec[0].sort, KP=spec[0].k_padded, IS_FLOAT=spec[0].is_float,
+    num_warps=spec[0].warps))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,12 +175,16 @@ class TournamentPlan:
     warps: int = 0  # warps per program
     workspace_offsets: tuple = ()  # int64 offsets of the workspace's parts
     workspace_elements: int = 0  # int64 elements of the workspace
+    sort: bool = False  # the winners are written in order
+    is_float: bool = False  # floating-point keys (their bits are reordered to compare as integers)
     reason: str | None = None  # why the plan cannot take the call (None: it can)
 
 
-def tournament_plan(R: int, N: int, k: int, sms: int, config: dict) -> TournamentPlan:
+def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
+                    config: dict) -> TournamentPlan:
     p = SimpleNamespace()  # filled below, frozen at the end
     p.reason = None
+    p.sort, p.is_float = sorted_, dtype.is_floating_point
     R, N = max(R, 1), max(N, 1)  # empty calls never launch; their plan only has to exist
     tile_max = config.get("TILE", 8192)
     groups_max = config.get("MAXP", 4096)
@@ -260,22 +271,18 @@ class TournamentBackend(_PlannedBackend):
     estimate = staticmethod(cost.tournament)
 
     def make_plan(self, call: TopkCall, config: dict, sms: int) -> TournamentPlan:
-        return tournament_plan(call.R, call.N, call.k, sms, config)
+        return tournament_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
 
     def run(self, call: TopkCall, config):
         done = _trivial(call)
         if done is not None:
             return done
         p, x, row_stride, values, indices, ws = self._setup(call, config)
-        R, N, k, dtype = call.R, call.N, call.k, call.input.dtype
+        R, N, k = call.R, call.N, call.k
         if p.programs_per_row > 1:
             ws[:p.workspace_offsets[0]].zero_()  # the per-row tickets
         flip = 0 if call.largest else -1
-        _TOURNAMENT((p, row_stride, flip, call.sorted), (R, p.programs_per_row),
+        _TOURNAMENT((p, row_stride, flip), (R, p.programs_per_row),
                     (x, ws, *p.workspace_offsets, values, indices, N, row_stride, k, p.chunk,
-                     p.programs_per_row, flip),
-                    lambda: dict(SHARED=p.programs_per_row > 1, G=p.group, TILE=p.tile,
-                                 MAXP=p.group_maxima_slots, HOT=p.hot_groups,
-                                 FT=p.finish_tile, SORT=call.sorted, KP=p.k_padded,
-                                 IS_FLOAT=dtype.is_floating_point, num_warps=p.warps))
+                     p.programs_per_row, flip))
         return _shape_out(call, values, indices)
