@@ -44,6 +44,20 @@ PROGRAM_BANDWIDTH = 60e9
 TORCH_ELEMENTS_PER_S = 2.6e11
 TORCH_PASS_FIXED = 12e-6  # per digit pass (its scan of the digit counts): 100K elements, 51 us
 TORCH_GATHER_EFFICIENCY = 0.3
+# Measured back to back on an H200 (bench_random, 2026-11-26): multi-block calls of 1e5 to 1e6
+# float32 elements take 130-160 us, about 2.5 launches per digit pass and six more.
+TORCH_LAUNCHES_PER_PASS = 2.5
+# One block per slice (ATen's single-block radix select): each digit pass costs about this
+# much beyond streaming the slice at TORCH_BLOCK_ELEMENTS_PER_S (H200: 3 x 9543 float32,
+# 48 us; 400 x 1718 int64, 40 us).
+TORCH_BLOCK_PASS = 1e-6
+TORCH_BLOCK_ELEMENTS_PER_S = 1e9
+# The Python around a Triton topk (prepare, outputs, reshaping) beyond its launches: tiny calls
+# (under 1e4 elements) measured 20-35 us back to back on an H200 against 14 predicted.
+TRITON_GLUE_HOST = 6e-6
+# maxima's second, programmatic dependent launch costs the host more than a plain one (tiny
+# calls: 34-48 us against radix's 20-34).
+MAXIMA_SECOND_LAUNCH_HOST = 8e-6
 # torch.topk's sorted results cost about this times k ** 0.4 beyond k = 1 (H200, one row of
 # 1e5 to 1.6e7: +7 us at k = 64, +22 at 1024, +67 at 16384; unsorted results save it).
 TORCH_SORT_K = 1.3e-6
@@ -72,6 +86,17 @@ MAXIMA_SELECT = 12e-6
 MAXIMA_PER_K = 6e-9
 MAXIMA_PER_PROGRAM = 50e-9  # launch-2 programs beyond the chip's first wave queue up
 MAXIMA_PASS_EFFICIENCY = 0.85  # of copy bandwidth, reading with evict-first
+# Each row's candidates are ranked against each other: about k * k comparisons a row, at this
+# many seconds each over the chip (H200, back to back: 3282 x 20444, k = 294, 1.2 ms; 2402 rows
+# of 13824, k = 918, 14.7 ms).
+MAXIMA_RANK_PAIR = 5e-12
+# tournament keeps the groups whose maximum reaches the cut: with many equal values (a few
+# distinct values in a row) nearly every group does, and a call takes ten times as long
+# (H200: 29 x 24790 float32, k = 6, 378 us against 35 on random normals). The cold model
+# cannot see the values, so it charges tournament this much for the risk (more, 1.3 or 1.5,
+# lost the suites' sampling and 1024 x 4096 cases to a slower pick); tuning measures the real
+# data.
+TOURNAMENT_VALUE_RISK = 1.15
 
 
 def _sizes(call):
@@ -97,6 +122,24 @@ def _trivial(call, model, backend: str, triton: bool):
     return None
 
 
+def torch_multiblock(slices: int, slice_size: int) -> bool:
+    """Whether ATen's topk (CUDA, torch 2.x with CUB's scan-by-key) gives each slice several
+    blocks (should_use_multiblock in TensorTopK.cu): long slices, the fewer the longer."""
+    if slices <= 20:
+        return slice_size >= 20000
+    if slices <= 40:
+        return slice_size >= 10000
+    if slices <= 80:
+        return slice_size >= 8000
+    if slices < 200:
+        return slice_size >= 5000
+    if slices < 800:
+        return slice_size >= 3000
+    if slices <= 4000:
+        return slice_size >= 800
+    return slice_size >= 400
+
+
 def torch_(call, model, plan=None):
     done = _trivial(call, model, "torch", False)
     if done is not None:
@@ -105,13 +148,26 @@ def torch_(call, model, plan=None):
     # A radix select: one pass per key byte over every slice, then a gather of the winners
     # and the sort of the k results.
     passes = s
-    speed = TORCH_ELEMENTS_PER_S * model.bandwidth / 4.1e12
-    # (On the CPU torch.topk is one call: no digit-pass kernels with their fixed cost.)
-    fixed = TORCH_PASS_FIXED if model.triton_slowdown == 1.0 else 0.0
-    parts = dict(launch=(passes + 3) * model.torch_launch,
-                 digits=passes * (fixed + R * N / speed),
-                 gather=model.stream(R * N * s) / TORCH_GATHER_EFFICIENCY,
-                 out=model.stream(_out_bytes(call)))
+    on_gpu = model.triton_slowdown == 1.0  # (on the CPU torch.topk is one call, no passes)
+    if on_gpu and not torch_multiblock(R, N):
+        # One block per slice runs every pass itself: one launch (and one for the sort of
+        # the results), waves of blocks as the slice's width lets them share an SM.
+        threads = min(1024, -(-N // 32) * 32)
+        resident = max(1, model.sm_count) * max(1, min(32, 2048 // threads))
+        waves = -(-R // resident)
+        parts = dict(launch=(2 + (call.sorted and k > 1)) * model.torch_launch,
+                     passes=waves * passes * (TORCH_BLOCK_PASS + N / TORCH_BLOCK_ELEMENTS_PER_S),
+                     out=model.stream(_out_bytes(call)))
+    else:
+        speed = TORCH_ELEMENTS_PER_S * model.bandwidth / 4.1e12
+        fixed = TORCH_PASS_FIXED if on_gpu else 0.0
+        # Several kernels per digit pass (counts, their scan, the digit's pick) and a few
+        # around them: the host's launches bound small multi-block calls.
+        launches = TORCH_LAUNCHES_PER_PASS * passes + 6 if on_gpu else passes + 3
+        parts = dict(launch=launches * model.torch_launch,
+                     digits=passes * (fixed + R * N / speed),
+                     gather=model.stream(R * N * s) / TORCH_GATHER_EFFICIENCY,
+                     out=model.stream(_out_bytes(call)))
     if call.sorted and k > 1:
         parts["sort_k"] = max(TORCH_SORT_K * k ** 0.4, model.sort(R * k, s, 8) * 0.5)
     return model.estimate(OP, "torch", triton=False, **parts)
@@ -203,7 +259,7 @@ def radix(call, model, plan):
     if plan.sort_after:
         parts["sort_k"] = _torch_sort(model, R, k, s)
         host += 2 * model.torch_launch
-    host += _reshape_host(call, model)
+    host += TRITON_GLUE_HOST + _reshape_host(call, model)
     return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
 
 
@@ -214,7 +270,7 @@ def tournament(call, model, plan):
     R, N, k, s = _sizes(call)
     sms = max(1, model.sm_count)
     parts = _copy(call, model)
-    host = parts.pop("copy_host", 0.0) + BOUND_LAUNCH + _alloc(3, model)
+    host = parts.pop("copy_host", 0.0) + TRITON_GLUE_HOST + BOUND_LAUNCH + _alloc(3, model)
     if plan.programs_per_row > 1:
         host += 0.5 * model.torch_launch  # the zeroed tickets (a memset)
     host += _reshape_host(call, model)
@@ -234,7 +290,10 @@ def tournament(call, model, plan):
     if plan.programs_per_row > 1:
         # The last program of each row selects from the NB lists of winners.
         parts["finish"] = steps * STEP_LATENCY + TILE_LATENCY + sort_k
-    return model.estimate(OP, "tournament", triton=True, launch=host, **parts)
+    est = model.estimate(OP, "tournament", triton=True, launch=host, **parts)
+    est.seconds *= TOURNAMENT_VALUE_RISK
+    est.notes = (*est.notes, f"x{TOURNAMENT_VALUE_RISK} for the risk of tied values")
+    return est
 
 
 def maxima(call, model, plan):
@@ -244,7 +303,8 @@ def maxima(call, model, plan):
     R, N, k, s = _sizes(call)
     key_bits = 64 if s == 8 else 32
     parts = _copy(call, model)
-    host = parts.pop("copy_host", 0.0) + 2 * BOUND_LAUNCH + _alloc(3, model)
+    host = (parts.pop("copy_host", 0.0) + TRITON_GLUE_HOST + 2 * BOUND_LAUNCH
+            + MAXIMA_SECOND_LAUNCH_HOST + _alloc(3, model))
     host += _reshape_host(call, model)
     # Launch 1 streams the rows and writes the group and supergroup maxima.
     maxima_bytes = R * (plan.group_row_stride + plan.supergroup_row_stride) * key_bits / 8
@@ -255,6 +315,7 @@ def maxima(call, model, plan):
     # programs where there are many rows.
     parts["select"] = (MAXIMA_SELECT + MAXIMA_PER_K * k
                        + MAXIMA_PER_PROGRAM * R * plan.select_programs_per_row
+                       + MAXIMA_RANK_PAIR * R * k * k
                        + model.stream(_out_bytes(call)))
     if plan.sort_after:
         parts["sort_k"] = _torch_sort(model, R, k, s)
@@ -289,7 +350,7 @@ def bitonic(call, model, plan=None):
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
     ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, kpow / BITONIC_WIDE) ** 1.5
-    host = BOUND_LAUNCH + _alloc(2, model) + _reshape_host(call, model)
+    host = TRITON_GLUE_HOST + BOUND_LAUNCH + _alloc(2, model) + _reshape_host(call, model)
     parts = dict(memory=model.stream(R * N * s + _out_bytes(call)),
                  network=ops / (sms * ALU_PER_SM))
     if not call.viewable:
