@@ -259,7 +259,7 @@ def radix(call, model, plan):
     if plan.sort_after:
         parts["sort_k"] = _torch_sort(model, R, k, s)
         host += 2 * model.torch_launch
-    host += TRITON_GLUE_HOST + _reshape_host(call, model)
+    host += _glue_host(call, model)
     return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
 
 
@@ -270,10 +270,10 @@ def tournament(call, model, plan):
     R, N, k, s = _sizes(call)
     sms = max(1, model.sm_count)
     parts = _copy(call, model)
-    host = parts.pop("copy_host", 0.0) + TRITON_GLUE_HOST + BOUND_LAUNCH + _alloc(3, model)
+    host = parts.pop("copy_host", 0.0) + BOUND_LAUNCH + _alloc(3, model)
     if plan.programs_per_row > 1:
         host += 0.5 * model.torch_launch  # the zeroed tickets (a memset)
-    host += _reshape_host(call, model)
+    host += _glue_host(call, model)
     programs = R * plan.programs_per_row
     waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.warps)))
     # The input once, the group maxima written and read back (through L2, often not DRAM),
@@ -291,7 +291,9 @@ def tournament(call, model, plan):
         # The last program of each row selects from the NB lists of winners.
         parts["finish"] = steps * STEP_LATENCY + TILE_LATENCY + sort_k
     est = model.estimate(OP, "tournament", triton=True, launch=host, **parts)
+    # Scaled as the model's own calibration scales: the parts with the total.
     est.seconds *= TOURNAMENT_VALUE_RISK
+    est.parts = {name: v * TOURNAMENT_VALUE_RISK for name, v in est.parts.items()}
     est.notes = (*est.notes, f"x{TOURNAMENT_VALUE_RISK} for the risk of tied values")
     return est
 
@@ -303,9 +305,9 @@ def maxima(call, model, plan):
     R, N, k, s = _sizes(call)
     key_bits = 64 if s == 8 else 32
     parts = _copy(call, model)
-    host = (parts.pop("copy_host", 0.0) + TRITON_GLUE_HOST + 2 * BOUND_LAUNCH
-            + MAXIMA_SECOND_LAUNCH_HOST + _alloc(3, model))
-    host += _reshape_host(call, model)
+    host = (parts.pop("copy_host", 0.0) + 2 * BOUND_LAUNCH + MAXIMA_SECOND_LAUNCH_HOST
+            + _alloc(3, model))
+    host += _glue_host(call, model)
     # Launch 1 streams the rows and writes the group and supergroup maxima.
     maxima_bytes = R * (plan.group_row_stride + plan.supergroup_row_stride) * key_bits / 8
     parts["memory"] = model.stream(R * N * s + maxima_bytes) / MAXIMA_PASS_EFFICIENCY
@@ -323,9 +325,11 @@ def maxima(call, model, plan):
     return model.estimate(OP, "maxima", triton=True, launch=host, **parts)
 
 
-def _reshape_host(call, model) -> float:
-    # Results for a dim other than the last are moved into torch's layout (two copies).
-    return 0.0 if call.dim == max(call.nd, 1) - 1 else 2 * model.torch_launch
+def _glue_host(call, model) -> float:
+    """Host time of a Triton topk beyond its launches and allocations: the Python around them
+    and, for a dim other than the last, the results moved into torch's layout (two copies)."""
+    reshape = 0.0 if call.dim == max(call.nd, 1) - 1 else 2 * model.torch_launch
+    return TRITON_GLUE_HOST + reshape
 
 
 def bitonic_rounds(n_pow2: int, k_pow2: int) -> float:
@@ -350,7 +354,7 @@ def bitonic(call, model, plan=None):
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
     ops = R * bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, kpow / BITONIC_WIDE) ** 1.5
-    host = TRITON_GLUE_HOST + BOUND_LAUNCH + _alloc(2, model) + _reshape_host(call, model)
+    host = BOUND_LAUNCH + _alloc(2, model) + _glue_host(call, model)
     parts = dict(memory=model.stream(R * N * s + _out_bytes(call)),
                  network=ops / (sms * ALU_PER_SM))
     if not call.viewable:
