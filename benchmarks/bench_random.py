@@ -97,6 +97,7 @@ import harness  # noqa: E402
 import opselect  # noqa: E402
 from opselect.dispatch import get_op  # noqa: E402
 from opselect.dispatch import tuning_mode  # noqa: E402
+from opselect.dispatch.op import _Choices  # noqa: E402
 from opselect.dispatch.device import device_info  # noqa: E402
 from opselect.heuristics import device_model  # noqa: E402
 
@@ -296,11 +297,11 @@ def _point_cache(path: str) -> None:
     reset()
 
 
-#: The Op's in-process decisions: settled choices per key, the model's per exact call. Each mode
-#: (cold, fitted, tuned) gets its own dicts, which its timed closure puts in place before the
-#: call: two attribute stores (~40 ns) on a path of microseconds. (No public API holds several
-#: sets of decisions at once; Op.forget() would clear them in place.)
-_MEMOS = ("_memo", "_cold")
+#: The Op's in-process decisions: its torch routes, settled choices per key, the model's per
+#: exact call. Each mode (cold, fitted, tuned) gets its own set, which its timed closure puts in
+#: place before the call: three attribute stores (~60 ns) on a path of microseconds. (No public
+#: API holds several sets of decisions at once; Op.forget() would clear them in place.)
+_MEMOS = ("torch_routes", "_memo", "_cold")
 
 
 def _use(op, memos: tuple) -> None:
@@ -308,9 +309,16 @@ def _use(op, memos: tuple) -> None:
         setattr(op, name, memo)
 
 
+def _fresh_memos() -> tuple:
+    """Empty decisions, tied together as an Op's own are (a change to either memo drops the
+    routes)."""
+    routes: dict = {}
+    return routes, _Choices(routes), _Choices(routes, per_call=True)
+
+
 def _decide_auto(op, public, a, kw, call) -> tuple[tuple, dict]:
     """Run the public op once with empty memos: (the memos it filled, the pick)."""
-    memos = tuple({} for _ in _MEMOS)
+    memos = _fresh_memos()
     _use(op, memos)
     public(*a, **kw)
     choice = op.chosen(call)
@@ -388,7 +396,7 @@ def run_call(spec: dict, index: int, seed: int, device: torch.device, fitted, ar
     times = time_fns([(f"{spec['op']} {name}", fn) for name, fn in good.items()], device,
                      rounds=args.rounds)
     row["s"] = {name: (t if math.isfinite(t) else None) for name, t in zip(good, times)}
-    _use(op, tuple({} for _ in _MEMOS))
+    _use(op, _fresh_memos())
     _derive(row, able)
     return row
 

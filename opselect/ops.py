@@ -23,14 +23,32 @@ from torch.compiler import is_compiling as _compiling
 from . import library as _library
 from . import transforms as _transforms
 from .dispatch.op import Op
+from .dispatch.tuning_mode import state as _tuning_state
 from .errors import BackendError, TorchOnlyCall
 from .kernels import isin as _isin
 from .kernels import permute as _permute
 from .kernels import softmax as _softmax
 from .kernels import topk as _topk
+from .kernels.isin.call import plain_key as _isin_key
+from .kernels.permute.call import plain_key as _permute_key
+from .kernels.softmax.call import plain_key as _softmax_key
+from .kernels.softmax.call import prepare_keyed as _prepare_softmax
+from .kernels.topk.call import plain_key as _topk_key
+from .kernels.topk.call import prepare_keyed as _prepare_topk
 
 
 _functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _routed(op: Op, key: tuple | None, backend: Optional[str]) -> bool:
+    """Whether an auto call keyed `key` (the call module's plain_key) has a torch route: its
+    choice is torch's op (Op.torch_routes), so the public function answers it with torch's op
+    without preparing the call. A route from the cost model waits while tuning is on (the call
+    is decided again)."""
+    if key is None or not (backend is None or backend == "auto"):
+        return False
+    settled = op.torch_routes.get(key)
+    return settled is not None and (settled or not _tuning_state.active)
 
 
 def _torch_answers(op: Op, backend: Optional[str], why: TorchOnlyCall, answer):
@@ -54,6 +72,9 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
     if (_functorch_active() or _fwad._current_level >= 0) and out is None and \
             _transforms.watched(elements, test_elements):
         return _transforms.isin(elements, test_elements, assume_unique, invert, backend)
+    key = None if out is not None else _isin_key(elements, test_elements, assume_unique, invert)
+    if _routed(_isin.OP, key, backend):
+        return torch.isin(elements, test_elements, assume_unique=assume_unique, invert=invert)
     try:
         call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert,
                              out=out)
@@ -61,7 +82,7 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
         return _torch_answers(_isin.OP, backend, why, lambda: torch.isin(
             elements, test_elements, assume_unique=assume_unique, invert=invert,
             **({} if out is None else {"out": out})))
-    return _isin.OP.run(call, backend)
+    return _isin.OP.run(call, backend, key)
 
 
 def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True,
@@ -74,12 +95,15 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
         return _library.topk(input, k, dim, largest, sorted, backend)
     if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
         return _transforms.topk(input, k, dim, largest, sorted, backend)
+    key = _topk_key(input, k, dim, largest, sorted)
+    if _routed(_topk.OP, key, backend):
+        return torch.topk(input, k, dim, largest, sorted)
     try:
-        call = _topk.prepare(input, k, dim, largest, sorted)
+        call = _prepare_topk(key, input, k, dim, largest, sorted)
     except TorchOnlyCall as why:
         return _torch_answers(_topk.OP, backend, why,
                               lambda: torch.topk(input, k, dim, largest, sorted))
-    return _topk.OP.run(call, backend)
+    return _topk.OP.run(call, backend, key)
 
 
 def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Tensor] = None,
@@ -103,7 +127,10 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
     if isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled():
         # Autograd through any backend (the kernels' own calls record none).
         return _transforms.permute(input, dims, out, backend)
-    return _permute.OP.run(_permute.prepare(input, dims), backend)
+    key = _permute_key(input, dims)
+    if _routed(_permute.OP, key, backend):
+        return input.permute(dims).clone(memory_format=torch.contiguous_format)
+    return _permute.OP.run(_permute.prepare(input, dims), backend, key)
 
 
 def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,
@@ -120,12 +147,15 @@ def softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] 
         return _library.softmax(input, dim, dtype, backend)
     if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
         return _transforms.softmax(input, dim, False, dtype, backend)
+    key = _softmax_key(False, input, dim, dtype)
+    if _routed(_softmax.SOFTMAX_OP, key, backend):
+        return torch.softmax(input, dim, dtype=dtype)
     try:
-        call = _softmax.prepare_softmax(input, dim, dtype=dtype)
+        call = _prepare_softmax("softmax", False, key, input, dim, dtype)
     except TorchOnlyCall as why:
         return _torch_answers(_softmax.SOFTMAX_OP, backend, why,
                               lambda: torch.softmax(input, dim, dtype=dtype))
-    return _softmax.SOFTMAX_OP.run(call, backend)
+    return _softmax.SOFTMAX_OP.run(call, backend, key)
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None,
@@ -135,12 +165,15 @@ def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dty
         return _library.log_softmax(input, dim, dtype, backend)
     if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
         return _transforms.softmax(input, dim, True, dtype, backend)
+    key = _softmax_key(True, input, dim, dtype)
+    if _routed(_softmax.LOG_SOFTMAX_OP, key, backend):
+        return torch.log_softmax(input, dim, dtype=dtype)
     try:
-        call = _softmax.prepare_log_softmax(input, dim, dtype=dtype)
+        call = _prepare_softmax("log_softmax", True, key, input, dim, dtype)
     except TorchOnlyCall as why:
         return _torch_answers(_softmax.LOG_SOFTMAX_OP, backend, why,
                               lambda: torch.log_softmax(input, dim, dtype=dtype))
-    return _softmax.LOG_SOFTMAX_OP.run(call, backend)
+    return _softmax.LOG_SOFTMAX_OP.run(call, backend, key)
 
 
 __all__ = ["isin", "log_softmax", "permute", "softmax", "topk", "transpose"]

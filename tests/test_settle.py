@@ -53,22 +53,22 @@ def _h200_model_on_the_cpu(monkeypatch):
 
 
 def test_cold_choice_depends_on_the_call_not_on_the_order(cpu_triton, monkeypatch):
-    """Two isin calls in one shape bucket on which the model disagrees (elements 8318 and 14937
-    against 1000: compare, then search, on an H200's constants): each gets its own choice,
-    whichever of the two comes first."""
+    """Two isin calls in one shape bucket on which the model disagrees (8318 elements against
+    test sets of 300 and 500: compare, then search, on an H200's constants): each gets its own
+    choice, whichever of the two comes first."""
     op = get_op("isin")
-    test = torch.arange(1000, dtype=torch.int32)
-    small, large = torch.arange(8318, dtype=torch.int32), torch.arange(14937, dtype=torch.int32)
-    assert op.prepare(small, test).key == op.prepare(large, test).key  # one bucket
+    elements = torch.arange(8318, dtype=torch.int32)
+    small, large = torch.arange(300, dtype=torch.int32), torch.arange(500, dtype=torch.int32)
+    assert op.prepare(elements, small).key == op.prepare(elements, large).key  # one bucket
     seen = []
     for first, second in ((small, large), (large, small)):
         opselect.forget()  # (the models too)
         _h200_model_on_the_cpu(monkeypatch)
-        for elements in (first, second):
+        for test in (first, second):
             assert torch.equal(ops.isin(elements, test), torch.isin(elements, test))
-        seen.append({elements.numel(): op.chosen(op.prepare(elements, test)).backend.name
-                     for elements in (first, second)})
-    assert seen[0] == seen[1] == {8318: "compare", 14937: "search"}
+        seen.append({test.numel(): op.chosen(op.prepare(elements, test)).backend.name
+                     for test in (first, second)})
+    assert seen[0] == seen[1] == {300: "compare", 500: "search"}
 
 
 def test_a_winner_by_device_time_that_loses_in_turns_is_not_chosen(cpu_triton, monkeypatch):

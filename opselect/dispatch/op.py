@@ -32,6 +32,8 @@ TORCH_MARGIN = 0.93
 MEASURED_TORCH_MARGIN = 0.97
 #: Cold choices are kept per exact call; past this many the memo starts again.
 COLD_MEMO_MAX = 1 << 16
+#: Torch routes (Op.torch_routes) kept per op; past this many they start again.
+TORCH_ROUTES_MAX = 4096
 
 
 def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
@@ -76,6 +78,50 @@ class Call:
         return repr(self.key[1:])
 
 
+class _Choices(dict):
+    """A memo of choices whose every change empties the op's torch routes, which are derived
+    from it (distributed.sync writes the memo directly; this catches that too). Reads stay
+    dict's own. With per_call, a choice for a call not seen before keeps the routes: the memo
+    is keyed by exact calls (Op._cold), so a new entry decides that call alone, which has no
+    route yet (a program of ever new shapes keeps the routes of the shapes it repeats)."""
+
+    __slots__ = ("_routes", "_per_call")
+
+    def __init__(self, routes: dict, per_call: bool = False) -> None:
+        super().__init__()
+        self._routes = routes
+        self._per_call = per_call
+
+    def __setitem__(self, key, value) -> None:
+        if not self._per_call or key in self:
+            self._routes.clear()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self._routes.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        self._routes.clear()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._routes.clear()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._routes.clear()
+        super().clear()
+
+    def update(self, *args, **kwargs) -> None:
+        self._routes.clear()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        self._routes.clear()
+        return super().setdefault(key, default)
+
+
 @dataclass(frozen=True)
 class Choice:
     backend: Backend
@@ -115,25 +161,40 @@ class Op:
         if not self.backends or self.backends[0].name != "torch":
             raise ValueError(f"op {name!r}: the first backend must be 'torch' (the safe fallback)")
         self._by_name = {b.name: b for b in self.backends}
+        self._torch = self.backends[0]
+        #: Calls whose choice is torch's own op, by the public function's arguments (ops.py
+        #: builds the key) -> whether that choice is settled (False: the cost model's, decided
+        #: again in tuning mode). ops.py answers them with torch's op before preparing the call:
+        #: for a call of a few microseconds, preparing it is most of opselect's overhead. A route
+        #: can only cost time, never change an answer (torch's op answers every call as torch
+        #: does); it is derived from the two memos below and emptied by any change to them.
+        self.torch_routes: dict[tuple, bool] = {}
         #: settled choices (measured, cached, the only candidate, agreed across ranks) per key
-        self._memo: dict[tuple, Choice] = {}
+        self._memo: dict[tuple, Choice] = _Choices(self.torch_routes)
         #: the cost model's (provisional) choices, per exact call (Call.exact)
-        self._cold: dict[tuple, Choice] = {}
+        self._cold: dict[tuple, Choice] = _Choices(self.torch_routes, per_call=True)
         self._forced: dict[tuple, Choice] = {}
 
     # -- the call -------------------------------------------------------------------------------
     def __call__(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
         return self.run(self.prepare(*args, **kwargs), backend)
 
-    def run(self, call: Call, backend: str | None = None) -> Any:
+    def run(self, call: Call, backend: str | None = None, route: tuple | None = None) -> Any:
         """Dispatch a prepared call. The public functions in ops.py call prepare() themselves and
-        then this, which saves repacking their keyword arguments on every call."""
+        then this, which saves repacking their keyword arguments on every call. `route`: the
+        key of the public function's arguments, under which an auto choice of torch's op is
+        remembered in torch_routes."""
         if backend is None or backend == "auto":
             choice = self._memo.get(call.key)
             if choice is None:
                 choice = self._cold.get(call.exact)
                 if choice is None or _tuning.state.active:
                     choice = self._select(call)
+            if route is not None and choice.backend is self._torch:
+                routes = self.torch_routes
+                if len(routes) >= TORCH_ROUTES_MAX:
+                    routes.clear()
+                routes[route] = not choice.provisional
         else:
             choice = self._forced.get((backend, call.key)) or self._force(call, backend)
         info = call.info
@@ -372,6 +433,7 @@ class Op:
 
     def forget(self) -> None:
         """Drop this process's memo (the tune cache on disk is untouched)."""
+        self.torch_routes.clear()
         self._memo.clear()
         self._cold.clear()
         self._forced.clear()

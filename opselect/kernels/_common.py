@@ -25,6 +25,26 @@ def needs_int64(*numels: int) -> bool:
     return max(numels, default=0) >= INT32_SAFE
 
 
+#: Prepared calls kept per op (kernels/<op>/call.py's memo); past this many it starts again.
+PREPARED_MAX = 4096
+
+
+def prepared(memo: dict, key: tuple | None, input: torch.Tensor, prepare, *args):
+    """prepare(*args), or the call prepared earlier under `key` (the call module's plain_key of
+    the same arguments; None: prepare afresh) made for `input` (Call.for_input). The memo holds
+    no tensor: what it keeps is made for None."""
+    if key is None:
+        return prepare(*args)
+    known = memo.get(key)
+    if known is not None:
+        return known.for_input(input)
+    call = prepare(*args)
+    if len(memo) >= PREPARED_MAX:
+        memo.clear()
+    memo[key] = call.for_input(None)
+    return call
+
+
 def flat(t: torch.Tensor) -> torch.Tensor:
     """A contiguous 1-d view of t (a copy only when t is not contiguous)."""
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)

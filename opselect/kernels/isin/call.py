@@ -49,6 +49,20 @@ def _as_tensor(value, name: str, dtype: torch.dtype, device: torch.device) -> to
     return torch.tensor(value, dtype=wide, device=device).to(dtype)
 
 
+def plain_key(elements, test_elements, assume_unique, invert) -> tuple | None:
+    """A key of everything the choice for a plain call reads (two tensors of one dtype, a test
+    set of at most one dim, which torch.isin takes as it is, bool flags); None for any other
+    arguments. ops.py keys its torch routes by it."""
+    if (type(elements) is torch.Tensor and type(test_elements) is torch.Tensor
+            and type(invert) is bool and type(assume_unique) is bool):
+        test_shape = test_elements.shape
+        dtype = elements.dtype
+        if len(test_shape) <= 1 and test_elements.dtype is dtype:
+            return (elements.shape, test_shape, dtype, elements.device, test_elements.device,
+                    invert, assume_unique)
+    return None
+
+
 def prepare(elements, test_elements, *, assume_unique: bool = False, invert: bool = False,
             out: torch.Tensor | None = None) -> IsinCall:
     # The common case (two tensors of one supported dtype on one device) takes a handful of

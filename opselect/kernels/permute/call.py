@@ -192,6 +192,20 @@ def _torch_only(x: torch.Tensor) -> str | None:
     return None
 
 
+def plain_key(input, dims) -> tuple | None:
+    """A key of everything the choice for a plain call reads (a torch.Tensor, dims a tuple or
+    list of ints, no out): its geometry, dtype, device and alignment; None for any other
+    arguments. ops.py keys its torch routes by it."""
+    if type(input) is torch.Tensor and type(dims) in (tuple, list) and \
+            input.layout is torch.strided:  # (a sparse tensor has no data pointer)
+        for d in dims:
+            if type(d) is not int:
+                return None
+        return (input.shape, input.stride(), input.dtype, input.device, tuple(dims),
+                input.data_ptr() % 16)
+    return None
+
+
 def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
     if not isinstance(input, torch.Tensor):
         raise ArgumentTypeError(f"permute: input must be a tensor, got {type(input).__name__}")

@@ -12,7 +12,7 @@ from ...dispatch.device import device_info
 from ...dispatch.op import Call
 from ...dispatch.signature import bucket
 from ...errors import ArgumentTypeError, DimError, InvalidArgument, TorchOnlyCall
-from .._common import FLOAT_DTYPES
+from .._common import FLOAT_DTYPES, prepared
 
 
 _WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
@@ -151,31 +151,31 @@ def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
 # Only plain tensors, int dims and dtype None or a torch.dtype take it, so every error still
 # comes from _prepare; the memo keeps no tensor alive.
 _PREPARED: dict[tuple, SoftmaxCall] = {}
-_PREPARED_MAX = 4096
 
 
-def _prepare_known(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
+def plain_key(log: bool, input, dim, dtype) -> tuple | None:
+    """Everything _prepare reads of a call with plain arguments (a torch.Tensor, an int dim,
+    dtype None or a torch.dtype), as a key; None for any other arguments. ops.py keys its torch
+    routes by it too."""
     if type(input) is torch.Tensor and type(dim) is int and (dtype is None
                                                               or type(dtype) is torch.dtype):
-        memo_key = (log, input.shape, input.stride(), input.dtype, input.device, dim, dtype,
-                    input.requires_grad and torch.is_grad_enabled())
-        known = _PREPARED.get(memo_key)
-        if known is not None:
-            return known.for_input(input)
-        call = _prepare(name, log, input, dim, dtype)
-        if len(_PREPARED) >= _PREPARED_MAX:
-            _PREPARED.clear()
-        _PREPARED[memo_key] = call.for_input(None)
-        return call
-    return _prepare(name, log, input, dim, dtype)
+        return (log, input.shape, input.stride(), input.dtype, input.device, dim, dtype,
+                input.requires_grad and torch.is_grad_enabled())
+    return None
+
+
+def prepare_keyed(name: str, log: bool, key: tuple | None, input, dim, dtype) -> SoftmaxCall:
+    """_prepare, from the memo when `key` (plain_key's) was prepared before."""
+    return prepared(_PREPARED, key, input, _prepare, name, log, input, dim, dtype)
 
 
 def prepare_softmax(input, dim=-1, *, dtype=None) -> SoftmaxCall:
-    return _prepare_known("softmax", False, input, dim, dtype)
+    return prepare_keyed("softmax", False, plain_key(False, input, dim, dtype), input, dim, dtype)
 
 
 def prepare_log_softmax(input, dim=-1, *, dtype=None) -> SoftmaxCall:
-    return _prepare_known("log_softmax", True, input, dim, dtype)
+    return prepare_keyed("log_softmax", True, plain_key(True, input, dim, dtype), input, dim,
+                         dtype)
 
 
 # ---------------------------------------------------------------------------------------------

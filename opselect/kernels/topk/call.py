@@ -12,6 +12,7 @@ from ...dispatch.device import device_info
 from ...dispatch.op import Call
 from ...dispatch.signature import bucket
 from ...errors import ArgumentTypeError, DimError, InvalidArgument, TorchOnlyCall
+from .._common import prepared
 
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -75,22 +76,24 @@ def _layout(shape: tuple, strides: tuple, d: int) -> tuple[int, int, bool]:
 _PREPARED: dict[tuple, TopkCall] = {}
 
 
-def prepare(input, k, dim=-1, largest=True, sorted=True) -> TopkCall:
-    # Exact ints and bools only: anything else (a bool k, a numpy integer, a wrong type) takes
-    # the checks every time, so every error still comes from them.
+def plain_key(input, k, dim, largest, sorted) -> tuple | None:
+    """Everything _prepare reads of a call with plain arguments (a tensor, int k and dim, bool
+    largest and sorted), as a key; None for any other arguments. ops.py keys its torch routes
+    by it too."""
     if (type(k) is int and type(dim) is int and type(largest) is bool
             and type(sorted) is bool and isinstance(input, torch.Tensor)):
-        memo_key = (input.shape, input.stride(), input.dtype, input.device, k, dim, largest,
-                    sorted)
-        known = _PREPARED.get(memo_key)
-        if known is not None:
-            return known.for_input(input)
-        call = _prepare(input, k, dim, largest, sorted)
-        if len(_PREPARED) >= 4096:
-            _PREPARED.clear()
-        _PREPARED[memo_key] = call.for_input(None)  # the memo must not keep tensors alive
-        return call
-    return _prepare(input, k, dim, largest, sorted)
+        return (input.shape, input.stride(), input.dtype, input.device, k, dim, largest, sorted)
+    return None
+
+
+def prepare(input, k, dim=-1, largest=True, sorted=True) -> TopkCall:
+    return prepare_keyed(plain_key(input, k, dim, largest, sorted), input, k, dim, largest,
+                         sorted)
+
+
+def prepare_keyed(key: tuple | None, input, k, dim, largest, sorted) -> TopkCall:
+    """_prepare, from the memo when `key` (plain_key's) was prepared before."""
+    return prepared(_PREPARED, key, input, _prepare, input, k, dim, largest, sorted)
 
 
 def _prepare(input, k, dim, largest, sorted) -> TopkCall:
