@@ -506,6 +506,16 @@ def test_cost_model_prefers_the_right_kernel():
     tiny = costs(torch.empty(8, 8), (1, 0))
     assert min(tiny, key=tiny.get) == "torch"
     assert costs(torch.empty(0, 8), (1, 0))["tiled"] > 0
+    meta = torch.device("meta")
+    # 1.45M 13x3 byte transposes: one tiny narrow tile per program made tiled 9x slower than
+    # naive on the H200 (950 us against 103); the grid's size is a cost of its own.
+    batch = costs(torch.empty(1447769, 3, 13, dtype=torch.uint8, device=meta).permute(1, 0, 2),
+                  (1, 2, 0))
+    assert batch["tiled"] > 3 * min(batch["naive"], batch["torch"])
+    # 2 of every 3 bf16 (a sliced input): the tile reads the rows' whole span in one piece
+    # (86 us on the H200, torch 173); not 4-byte segments.
+    sliced = costs(torch.empty(31833846, 3, dtype=torch.bfloat16, device=meta)[:, :2], (1, 0))
+    assert min(sliced, key=sliced.get) == "tiled"
 
 
 def test_sample():

@@ -21,8 +21,10 @@ OP = "permute"
 
 #: Efficiency of DRAM traffic made of contiguous segments of this many bytes (log-interpolated).
 _SEGMENT = ((16, 0.2), (32, 0.35), (64, 0.6), (128, 0.85), (256, 1.0))
-#: Integer instructions of one div/mod pair by a runtime divisor, 32 and 64 bits.
-DIVMOD_OPS = {False: 25.0, True: 75.0}
+#: Integer instructions of one div/mod pair by a runtime divisor, 32 and 64 bits, as they cost
+#: next to the memory traffic they partly overlap: about 25 are issued, but naive's 112M pairs
+#: (1.45M 13x3 uint8 transposes) and all its bytes took 103 us on the H200.
+DIVMOD_OPS = {False: 12.0, True: 36.0}
 #: Integer instructions per SM per second (64 lanes x ~1.6 GHz on Hopper).
 INT_OPS_PER_SM = 64 * 1.6e9
 #: Fraction of the copy bandwidth each backend reaches at its best (measured order of magnitude).
@@ -41,6 +43,25 @@ def segment(nbytes: float) -> float:
             f = math.log(nbytes / x0) / math.log(x1 / x0)
             return y0 + f * (y1 - y0)
     return 1.0
+
+
+def read_locality(call, block: int = 1024) -> float:
+    """Useful fraction of the 32-byte sectors a program reads when it copies `block` consecutive
+    output elements of a moving problem: the output's inner dims, walked outwards until they
+    cover the block, span some bytes of the input, which come in whole sectors. A transpose whose
+    output-inner dim strides far through the input uses one element a sector (esize / 32); a batch
+    of tiny transposes (1.45M 13x3 uint8 blocks, 39 bytes each) reads every byte of its sectors,
+    as a plain copy does."""
+    e = call.esize
+    covered, span = 1, e
+    for n, t in zip(reversed(call.sizes), reversed(call.strides)):
+        take = min(n, -(-block // covered))
+        span += (take - 1) * abs(t) * e
+        covered *= take
+        if covered >= block:
+            break
+    sectors = min(covered * -(-e // 32), -(-span // 32) + 1)
+    return min(1.0, covered * e / (32.0 * sectors))
 
 
 def _traffic(call) -> float:
@@ -69,6 +90,18 @@ def _elements(call) -> float:
 TRITON_GLUE_HOST = 16e-6
 
 
+#: Device seconds a program (CTA) costs beyond its bytes, per SM: its launch, prologue and the
+#: latency of its first load, which the SM's other resident programs only partly hide. Matters
+#: when the grid has far more programs than the data needs: the narrow kernel on a batch of
+#: 1.45M 13x3 uint8 transposes (one 39-byte tile a program) took 950 us on the H200, 85 ns a
+#: program per SM, against 103 us for naive's 1024-element programs.
+PROGRAM_SECONDS = 85e-9
+
+
+def _programs(n: float, model) -> float:
+    return n * PROGRAM_SECONDS / max(1, model.sm_count)
+
+
 def _host(model, triton: bool) -> float:
     """Host seconds of one call: a Triton launch plus the output's allocation and the Python
     around them, or torch's permute view plus its clone (the model takes the longer of host and
@@ -93,7 +126,9 @@ def torch_(call, model, plan=None):
         run = (call.sizes[-1] if call.sizes else 1) * call.esize
         eff = TORCH_KEEP.get(s, 0.5) * segment(run)
     else:
-        eff = TORCH_MOVE.get(s, 0.2)
+        # Strided reads; when the output's inner dims sit close together in the input they
+        # fill their sectors and the copy runs as a kept one does.
+        eff = max(TORCH_MOVE.get(s, 0.2), TORCH_KEEP.get(s, 0.5) * read_locality(call))
     return model.estimate(OP, "torch", triton=False, launch=_host(model, False),
                           memory=model.stream(_traffic(call)) / eff)
 
@@ -106,8 +141,9 @@ def naive(call, model, plan=None):
     if call.kind == "keep":
         eff = PEAK["naive"] * segment(call.sizes[-1] * e if call.sizes else e)
     else:
-        # One element per sector read; L2 catches part of the neighbours' reuse.
-        eff = PEAK["naive"] * TORCH_MOVE.get(e, 0.35) * 1.2
+        # One element per sector read, L2 catching part of the neighbours' reuse; unless the
+        # output's inner dims sit close together in the input (read_locality).
+        eff = PEAK["naive"] * max(TORCH_MOVE.get(e, 0.35) * 1.2, read_locality(call))
     nd = max(1, len(call.sizes))
     return model.estimate(OP, "naive", triton=True, launch=_host(model, True),
                           memory=model.stream(_traffic(call)) / eff,
@@ -146,17 +182,25 @@ def tiled(call, model, tiled_plan):
                                                     plan.b_dims) + 1) + len(plan.batch) + 2
         return model.estimate(OP, "tiled", triton=True, launch=_host(model, True),
                               memory=memory / PEAK["tiled"],
-                              index=_int_time(tiles * per_tile, model, _wide(call)))
+                              index=_int_time(tiles * per_tile, model, _wide(call)),
+                              programs=_programs(tiles, model))
     ba, bb = tiled_plan.tile_a, tiled_plan.tile_b
     # A contiguous input segment is a row of the tile along A, or several rows when A is short and
     # the B rows lie back to back in the input (the (N, 3) -> (3, N) case); likewise the output.
     seg_in = min(ba, plan.A) * elem
-    if plan.A <= ba and plan.b_dims[0][1] == plan.A:
+    use_in = 1.0  # fraction of the input bytes read that the tile keeps
+    gap = plan.b_dims[0][1]  # input stride of the B rows, in elements
+    if plan.A <= ba and gap == plan.A:
         seg_in *= min(bb, plan.B)
+    elif plan.A <= ba and plan.A < gap and gap * elem <= 64:
+        # Rows of a sliced input, a few bytes apart (2 of every 3 bf16): the tile reads their
+        # whole span in one piece and drops the gaps.
+        seg_in = min(bb, plan.B) * gap * elem
+        use_in = plan.A / gap
     seg_out = min(bb, plan.B) * elem
     if plan.B <= bb and plan.a_dims[0][1] == plan.B:
         seg_out *= min(ba, plan.A)
-    memory = (half / segment(seg_in) + half / segment(seg_out)) / PEAK["tiled"]
+    memory = (half / (segment(seg_in) * use_in) + half / segment(seg_out)) / PEAK["tiled"]
     # Lanes past the end of a short group move nothing but still take their slot.
     waste = (ba * bb) / (min(ba, plan.A) * min(bb, plan.B))
     tiles = plan.n_batch * math.ceil(plan.A / ba) * math.ceil(plan.B / bb)
@@ -165,4 +209,5 @@ def tiled(call, model, tiled_plan):
     per_tile = ba * (len(plan.a_dims) - 1) + bb * (len(plan.b_dims) - 1) + len(plan.batch) + 2
     index = _int_time(tiles * per_tile, model, _wide(call))
     return model.estimate(OP, "tiled", triton=True, launch=_host(model, True),
-                          memory=memory * (1 + 0.1 * (waste - 1)), index=index)
+                          memory=memory * (1 + 0.1 * (waste - 1)), index=index,
+                          programs=_programs(tiles, model))
