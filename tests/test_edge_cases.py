@@ -175,6 +175,69 @@ def test_subnormal_inputs_of_softmax(device, dtype):
             torch.testing.assert_close(got, torch.softmax(x, -1), msg=backend)
 
 
+# -- lazy negative views ------------------------------------------------------------------------
+def _negated(t: torch.Tensor, strided: bool = False) -> torch.Tensor:
+    """A view of -t that holds t's bits with the negative bit set: what z.conj().imag returns
+    (strided; a kernel that copies it first resolves the bit) or autograd's contiguous kind."""
+    view = torch.complex(torch.zeros_like(t), t).conj().imag if strided else torch._neg_view(t)
+    assert view.is_neg()
+    return view
+
+
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("case", ["isin elements", "isin test", "topk", "softmax",
+                                  "log_softmax", "permute"])
+def test_lazy_negative_views_are_read_as_their_values(device, case, strided):
+    # The kernels read memory, where a negative view keeps its values un-negated: every backend
+    # once answered for the un-negated values. Each call runs twice: the second takes the
+    # memoised call (and the torch route, where auto chose torch).
+    torch.manual_seed(0)
+    x = torch.randn(6, 40, device=device)
+    if case == "isin test":
+        x[0, :3] = -x[1, :3]  # members of the negated test set
+    neg, plain = _negated(x, strided), -x
+    op, calls = {
+        "isin elements": ("isin", lambda v, backend: ops.isin(v, x[:, :5].reshape(-1),
+                                                              backend=backend)),
+        "isin test": ("isin", lambda v, backend: ops.isin(x, v[:, :5].reshape(-1),
+                                                          backend=backend)),
+        "topk": ("topk", lambda v, backend: ops.topk(v, 3, backend=backend)),
+        "softmax": ("softmax", lambda v, backend: ops.softmax(v, -1, backend=backend)),
+        "log_softmax": ("log_softmax", lambda v, backend: ops.log_softmax(v, 0, backend=backend)),
+        "permute": ("permute", lambda v, backend: ops.permute(v, (1, 0), backend=backend)),
+    }[case]
+    for backend in every_backend(op):
+        for _ in range(2):
+            # A call that would read the un-negated values first, to fill the memos.
+            forced(calls, x, backend=backend)
+            got = forced(calls, neg, backend=backend)
+            if got is None:
+                continue
+            want = calls(plain, backend="torch")
+            if case == "topk":
+                assert torch.equal(got.values, want.values), backend
+            else:
+                torch.testing.assert_close(got, want, msg=backend)
+
+
+@pytest.mark.parametrize("op", ["softmax", "topk"])
+def test_gradient_through_a_lazy_negative_view(device, op):
+    x = torch.randn(4, 40, device=device, dtype=torch.float64)
+    for backend in every_backend(op):
+        a = x.clone().requires_grad_()
+        b = x.clone().requires_grad_()
+        fn = ((lambda v, backend: ops.softmax(v, -1, backend=backend)) if op == "softmax" else
+              (lambda v, backend: ops.topk(v, 5, backend=backend).values))
+        got = forced(fn, _negated(a), backend=backend)
+        if got is None:
+            continue
+        want = fn(-b, backend="torch")
+        g = torch.randn_like(want)
+        got.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(a.grad, b.grad, msg=backend)
+
+
 # -- the exception torch raises -----------------------------------------------------------------
 def _sample(dtype: torch.dtype, n: int = 6) -> torch.Tensor:
     if dtype == torch.bool:

@@ -57,7 +57,8 @@ def plain_key(elements, test_elements, assume_unique, invert) -> tuple | None:
             and type(invert) is bool and type(assume_unique) is bool):
         test_shape = test_elements.shape
         dtype = elements.dtype
-        if len(test_shape) <= 1 and test_elements.dtype is dtype:
+        if len(test_shape) <= 1 and test_elements.dtype is dtype and not (
+                elements.is_neg() or test_elements.is_neg()):
             return (elements.shape, test_shape, dtype, elements.device, test_elements.device,
                     invert, assume_unique)
     return None
@@ -69,7 +70,8 @@ def prepare(elements, test_elements, *, assume_unique: bool = False, invert: boo
     # attribute reads; everything else goes through _normalise.
     if (type(elements) is not torch.Tensor or type(test_elements) is not torch.Tensor
             or test_elements.dtype is not elements.dtype or elements.dtype not in _SUPPORTED
-            or test_elements.device != elements.device):
+            or test_elements.device != elements.device or elements.is_neg()
+            or test_elements.is_neg()):
         elements, test_elements = _normalise(elements, test_elements)
     dev = elements.device
     if out is not None:
@@ -143,7 +145,9 @@ def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
         elements = elements.to(dtype)
     if test_elements.dtype is not dtype:
         test_elements = test_elements.to(dtype)
-    return elements, test_elements
+    # A lazy negative view (z.conj().imag) holds the values un-negated in memory; the kernels
+    # read memory, so they get the values materialised.
+    return elements.resolve_neg(), test_elements.resolve_neg()
 
 
 def _check_out(out, elements: torch.Tensor) -> None:

@@ -197,7 +197,9 @@ def plain_key(input, dims) -> tuple | None:
     list of ints, no out): its geometry, dtype, device and alignment; None for any other
     arguments. ops.py keys its torch routes by it."""
     if type(input) is torch.Tensor and type(dims) in (tuple, list) and \
-            input.layout is torch.strided:  # (a sparse tensor has no data pointer)
+            input.layout is torch.strided and not (input.is_neg() or input.is_conj()):
+        # (a sparse tensor has no data pointer; a lazy negated or conjugated view only torch's
+        # copy resolves)
         for d in dims:
             if type(d) is not int:
                 return None

@@ -83,6 +83,10 @@ def _collapse(shape, strides, lo: int, hi: int):
 def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
     if not isinstance(input, torch.Tensor):
         raise ArgumentTypeError(f"{name}: input must be a tensor, got {type(input).__name__}")
+    if input.is_neg():
+        # A lazy negative view (z.conj().imag) holds its values un-negated in memory, which is
+        # what the kernels read: they get the values materialised (recorded by autograd).
+        input = input.resolve_neg()
     if type(dim) is not int:
         if dim is None:
             raise ArgumentTypeError(f"{name}: dim must be an int (None is not accepted: name the dim)")
@@ -157,8 +161,8 @@ def plain_key(log: bool, input, dim, dtype) -> tuple | None:
     """Everything _prepare reads of a call with plain arguments (a torch.Tensor, an int dim,
     dtype None or a torch.dtype), as a key; None for any other arguments. ops.py keys its torch
     routes by it too."""
-    if type(input) is torch.Tensor and type(dim) is int and (dtype is None
-                                                              or type(dtype) is torch.dtype):
+    if type(input) is torch.Tensor and type(dim) is int and (
+            dtype is None or type(dtype) is torch.dtype) and not input.is_neg():
         return (log, input.shape, input.stride(), input.dtype, input.device, dim, dtype,
                 input.requires_grad and torch.is_grad_enabled())
     return None

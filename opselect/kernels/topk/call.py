@@ -81,7 +81,8 @@ def plain_key(input, k, dim, largest, sorted) -> tuple | None:
     largest and sorted), as a key; None for any other arguments. ops.py keys its torch routes
     by it too."""
     if (type(k) is int and type(dim) is int and type(largest) is bool
-            and type(sorted) is bool and isinstance(input, torch.Tensor)):
+            and type(sorted) is bool and isinstance(input, torch.Tensor)
+            and not input.is_neg()):  # (prepared afresh: _prepare materialises the view)
         return (input.shape, input.stride(), input.dtype, input.device, k, dim, largest, sorted)
     return None
 
@@ -100,6 +101,10 @@ def _prepare(input, k, dim, largest, sorted) -> TopkCall:
     """torch.topk's argument rules, and the facts every backend needs about the call."""
     if not isinstance(input, torch.Tensor):
         raise ArgumentTypeError(f"topk: input must be a Tensor, got {type(input).__name__}")
+    if input.is_neg():
+        # A lazy negative view (z.conj().imag) holds its values un-negated in memory, which is
+        # what the kernels read: they get the values materialised (recorded by autograd).
+        input = input.resolve_neg()
     k = _int_arg(k, "k")
     dim = _int_arg(dim, "dim")
     largest = _bool_arg(largest, "largest")
