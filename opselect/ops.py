@@ -130,7 +130,7 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
     key = _permute_key(input, dims)
     if _routed(_permute.OP, key, backend):
         return input.permute(dims).clone(memory_format=torch.contiguous_format)
-    return _permute.OP.run(_permute.prepare(input, dims), backend, key)
+    return _permute.OP.run(_permute.prepare_keyed(key, input, dims), backend, key)
 
 
 def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,

@@ -201,3 +201,23 @@ def test_routes_are_bounded():
         op.torch_routes[("filler", n)] = True
     ops.softmax(x, -1)  # a memo hit that adds a route to a full table: it starts again
     assert len(op.torch_routes) == 1 and ("filler", 0) not in op.torch_routes
+
+
+def test_prepared_permute_calls_serve_each_input(cpu_triton):
+    """permute's prepared-call memo (kernels/permute/call.py, keyed like the routes): a memo hit
+    is made for the call's own tensor, and alignment separates entries (the vectorized and
+    tiled kernels read the pointer's alignment from the plan)."""
+    from opselect.kernels.permute import call as permute_call
+
+    permute_call._PREPARED.clear()
+    flat = torch.randn(2 * 97 + 1)
+    for backend in ("naive", "tiled"):
+        for offset in (0, 1, 0, 1):  # 16-byte aligned, then 4 bytes off, twice each
+            x = flat[offset:offset + 2 * 97].view(2, 97).clone() if offset == 0 else \
+                flat[offset:offset + 2 * 97].view(2, 97)
+            x.uniform_(-1, 1)  # fresh values for every call
+            got = ops.permute(x, (1, 0), backend=backend)
+            assert torch.equal(got, x.t().contiguous()), (backend, offset)
+    assert len(permute_call._PREPARED) == 2
+    keys = {k[-1] for k in permute_call._PREPARED}
+    assert keys == {0, 4}

@@ -42,14 +42,14 @@ import torch
 from ...dispatch.backend import TorchBackend
 from ...dispatch.op import Op, register
 from ...heuristics import permute as cost
-from .call import (PermuteCall, _torch_permute, prepare, random_tensor, replay, sample, simplify,
-                   transpose_dims, widen, wrap_dims)
+from .call import (PermuteCall, _torch_permute, prepare, prepare_keyed, random_tensor, replay,
+                   sample, simplify, transpose_dims, widen, wrap_dims)
 from .naive import NaiveBackend
 from .tiled import TiledBackend, _plan
 from .vectorized import VectorizedBackend
 
 # What other modules use (ops, routing, library, transforms, warm, tests).
-__all__ = ["OP", "PermuteCall", "prepare", "sample", "replay", "transpose", "transpose_dims",
+__all__ = ["OP", "PermuteCall", "prepare", "prepare_keyed", "sample", "replay", "transpose", "transpose_dims",
            "wrap_dims", "random_tensor", "simplify", "widen", "_plan", "NaiveBackend",
            "TiledBackend", "VectorizedBackend"]
 

@@ -14,6 +14,7 @@ from ...dispatch.device import device_info
 from ...dispatch.op import Call
 from ...dispatch.signature import bucket
 from ...errors import ArgumentTypeError, DimError, InvalidArgument
+from .._common import prepared
 
 
 #: The kernels take at most this many dims after simplification (the torch backend takes any).
@@ -105,6 +106,17 @@ def _tile_form(kind: str, sizes: list[int], strides: list[int], esize: int
 class PermuteCall(Call):
     __slots__ = ("input", "dims", "out", "out_shape", "numel", "esize", "sizes", "strides",
                  "kind", "torch_only", "tile", "span", "_plan")
+
+    def for_input(self, input) -> "PermuteCall":
+        """This call's facts for another tensor of the same shape, strides, dtype, device and
+        alignment (no out)."""
+        c = PermuteCall.__new__(PermuteCall)
+        c.info, c.key, c.exact, c.input, c.dims, c.out, c.out_shape, c.numel = (
+            self.info, self.key, self.exact, input, self.dims, None, self.out_shape, self.numel)
+        c.esize, c.sizes, c.strides, c.kind, c.torch_only, c.tile, c.span, c._plan = (
+            self.esize, self.sizes, self.strides, self.kind, self.torch_only, self.tile,
+            self.span, self._plan)
+        return c
 
     @property
     def empty(self) -> bool:
@@ -206,6 +218,15 @@ def plain_key(input, dims) -> tuple | None:
         return (input.shape, input.stride(), input.dtype, input.device, tuple(dims),
                 input.data_ptr() % 16)
     return None
+
+
+def prepare_keyed(key: tuple | None, input, dims) -> PermuteCall:
+    """prepare(input, dims), from the memo when `key` (plain_key's) was prepared before: the
+    checks, the plan lookup and the keys were most of a small call's dispatch time."""
+    return prepared(_PREPARED, key, input, prepare, input, dims)
+
+
+_PREPARED: dict[tuple, PermuteCall] = {}
 
 
 def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
