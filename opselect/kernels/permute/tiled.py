@@ -394,6 +394,11 @@ class TiledBackend(_TritonBackend):
                    {"BA": ba, "BB": 2 * bb, "num_warps": 8, "TPP": 1},
                    {"BA": max(8, ba // 2), "BB": bb, "num_warps": 4, "TPP": 4 if big else 1},
                    {"BA": 2 * ba, "BB": bb, "num_warps": 8, "TPP": 1}]
+        if big and elem >= 4:
+            # Tuning chose the wider tile of 8 warps for 13 of 16 random calls of 64 MB and more
+            # with 4- or 8-byte elements (three runs, H200 and H100); the first config was 1.21x
+            # slower on 68x686x865 float64. The cold model runs the first config.
+            general[0], general[1] = general[1], general[0]
         if call.tile is not None and _plan(call).narrow:
             return [{"NARROW": True, "TILE_BYTES": 16384, "num_warps": 4, "TPP": 2 if big else 1},
                     {"NARROW": True, "TILE_BYTES": 32768, "num_warps": 8, "TPP": 1},
