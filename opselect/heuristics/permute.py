@@ -129,15 +129,16 @@ def torch_(call, model, plan=None):
     if call.kind == "keep" or call.kind == "other":
         run = (call.sizes[-1] if call.sizes else 1) * call.esize
         eff = TORCH_KEEP.get(s, 0.5) * segment(run)
+        if call.span * call.esize <= 0.5 * model.l2_bytes:
+            # Short runs of an input that fits in L2 come from DRAM about once: the H200 copied
+            # 5x70x4818x3 float16 [sliced] (runs of 6 bytes) in 19 us, where sector-bound reads
+            # predicted 146. (Not so a transpose: 14550x385 float16 took 40 us, at the
+            # efficiency of one element a sector.)
+            eff = max(eff, 0.5 * TORCH_KEEP.get(s, 0.5))
     else:
         # Strided reads; when the output's inner dims sit close together in the input they
         # fill their sectors and the copy runs as a kept one does.
         eff = max(TORCH_MOVE.get(s, 0.2), TORCH_KEEP.get(s, 0.5) * read_locality(call))
-    if call.span * call.esize <= 0.5 * model.l2_bytes:
-        # An input that fits in L2 is fetched from DRAM about once, however scattered the
-        # reads: the H200 copied 5x70x4818x3 float16 [sliced] (runs of 6 bytes) in 19 us and
-        # transposed 2096217x3 float32 in 20, where sector-bound reads predicted 146 and 56.
-        eff = max(eff, 0.5 * TORCH_KEEP.get(s, 0.5))
     return model.estimate(OP, "torch", triton=False, launch=_host(model, False),
                           memory=model.stream(_traffic(call)) / eff)
 
