@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -59,11 +60,19 @@ def test_calibration_overrides_defaults(monkeypatch):
     assert model.gather_l2 == defaults_for(H200).gather_l2
     assert model.scales["isin/hash"] == 2.5
     op = get_op("isin")
-    a, kw = op.sample([[1 << 20], [1000]], torch.int32, {}, torch.device("meta"))
-    call = op.prepare(*a, **kw)
-    scaled = {c.name: c.predicted_s for c in op.plan(call, model, check_device=False)}
-    plain = {c.name: c.predicted_s for c in op.plan(call, defaults_for(H200), check_device=False)}
-    assert scaled["hash"] > 2 * plain["hash"] * (model.bandwidth / 4.3e12) ** 0
+    unscaled = dataclasses.replace(model, scales={})
+    for m in (1 << 26, 1000):  # device-bound, host-bound
+        a, kw = op.sample([[m], [1000]], torch.int32, {}, torch.device("meta"))
+        call = op.prepare(*a, **kw)
+        scaled = {c.name: c for c in op.plan(call, model, check_device=False)}["hash"]
+        plain = {c.name: c for c in op.plan(call, unscaled, check_device=False)}["hash"]
+        # The scale corrects the device parts; the host's launch stays as modelled.
+        assert scaled.parts["launch"] == plain.parts["launch"] > 0
+        for part in set(plain.parts) - {"launch"}:
+            assert math.isclose(scaled.parts[part], 2.5 * plain.parts[part])
+        device = sum(v for k, v in scaled.parts.items() if k != "launch")
+        assert math.isclose(scaled.predicted_s, max(device, scaled.parts["launch"]))
+    assert scaled.predicted_s == plain.predicted_s  # the small call: its host time decides
     forget_models()
 
 
