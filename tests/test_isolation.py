@@ -35,7 +35,10 @@ def test_a_crashing_candidate_is_ranked_last_and_the_process_lives():
     assert len(aborted) == 1 and "SIGABRT" in aborted[0], messages
     assert len(raised) == 1 and "always fails" in raised[0], messages
     decision = opselect.explain(isolation_ops.NAME, x, show=False)
-    assert decision.choice in ("torch", "doubles")
+    # torch, doubles and fussy's first config all double x in about the same time: which wins
+    # is the machine's noise (fussy won once on a loaded CI host). Neither failing one may.
+    assert decision.choice in ("torch", "doubles", "fussy")
+    assert decision.candidate("raises").measured_s == float("inf")
     assert decision.candidate("aborts").measured_s == float("inf")
     # the next key reuses the helper process, which was started again after the crash
     with opselect.tuning():
