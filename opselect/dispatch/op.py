@@ -432,8 +432,8 @@ class Op:
                         f"the cost model for an {info.name} (default constants)")
 
     def forget(self) -> None:
-        """Drop this process's memo (the tune cache on disk is untouched)."""
-        self.torch_routes.clear()
+        """Drop this process's memo (the tune cache on disk is untouched). Emptying the memos
+        empties the torch routes derived from them (_Choices)."""
         self._memo.clear()
         self._cold.clear()
         self._forced.clear()

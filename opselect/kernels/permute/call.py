@@ -244,7 +244,6 @@ def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
     call.input, call.dims, call.out = input, dims, out
     call.numel = input.numel()
     call.torch_only = reason = _torch_only(input)
-    call._plan = None
     esize = input.element_size()
     out_ptr = out.data_ptr() if out is not None and out.is_contiguous() else 0
     # The plan depends on the geometry and the pointers' alignment only: calls of one shape in a
@@ -258,7 +257,7 @@ def prepare(input, dims, *, out: torch.Tensor | None = None) -> PermuteCall:
             _PLANS.clear()
         _PLANS[plan_key] = plan
     (call.out_shape, call.sizes, call.strides, call.esize, call.kind, call.span, call.tile,
-     too_many, key_tail) = plan
+     too_many, key_tail, call._plan) = plan
     if too_many is not None:
         call.torch_only = too_many
     dev = input.device
@@ -303,7 +302,10 @@ def _geometry(input: torch.Tensor, dims: tuple[int, ...], esize: int, out_ptr: i
     key_tail = (esize, kind, tile[0] if tile else 0, len(sizes),
                 bucket(numel * in_esize // esize), bucket(sizes[-1]) if sizes else 0,
                 bucket(in_run), reason is None and too_many is None)
-    return out_shape, sizes, strides, esize, kind, span, tile, too_many, key_tail
+    # The tiled backend's plan of this geometry, made on its first tiled run (tiled._plan) and
+    # shared by every call of the geometry: building it is several microseconds of Python.
+    tile_plan_box = [None]
+    return out_shape, sizes, strides, esize, kind, span, tile, too_many, key_tail, tile_plan_box
 
 
 def _check_out(out, input: torch.Tensor, shape: tuple[int, ...]) -> None:

@@ -322,23 +322,14 @@ class TilePlan:
 
 
 def _plan(call: PermuteCall) -> TilePlan:
-    plan = call._plan
+    box = call._plan  # one per geometry, shared by its calls (call.py's _geometry)
+    plan = box[0]
     if plan is None:
-        # Per geometry (Call.exact), not per call: building one is several microseconds of
-        # Python, a loop's every call paid it.
-        plan = _TILE_PLANS.get(call.exact)
-        if plan is None:
-            w, sizes, strides = call.tile
-            plan = TilePlan(w, sizes, strides)
-            plan.find_narrow(call.unit * w)
-            if len(_TILE_PLANS) >= 4096:
-                _TILE_PLANS.clear()
-            _TILE_PLANS[call.exact] = plan
-        call._plan = plan
+        w, sizes, strides = call.tile
+        plan = TilePlan(w, sizes, strides)
+        plan.find_narrow(call.unit * w)
+        box[0] = plan
     return plan
-
-
-_TILE_PLANS: dict[tuple, TilePlan] = {}
 
 
 #: Tile edges (elements along A, along B) by element bytes: 128-byte rows on both sides at the
