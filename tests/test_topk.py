@@ -391,15 +391,20 @@ def test_tournament_shared_and_single_rows(cpu_triton):
     run_forced("tournament", x, 1, single, largest=False)
 
 
-def test_tournament_tied_maxima_take_the_whole_chunk(cpu_triton):
-    # Three distinct values: every group's maximum is the top value, so every group is hot,
-    # more than the hot list holds, and each chunk is selected whole (indices moved by the
-    # chunk's start where a row is shared).
+def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
+    # Three distinct values: every group's maximum is the top value, more groups than the hot
+    # list holds. The groups above the cut and enough of the tied ones are taken (indices
+    # moved by the chunk's start where a row is shared); with a few larger values sprinkled in,
+    # some groups lie above the cut and the ties fill the rest of k.
     x = torch.randint(0, 3, (2, 3000)).float()
+    sprinkled = x.clone()
+    sprinkled[:, ::700] = 10.0 + torch.arange(5.0)  # 5 values above the ties, k = 8
     for config in configs_of("tournament", x, 8):
         plan = run_forced("tournament", x, 8, config)
         assert -(-min(3000, plan.chunk) // plan.group) > plan.hot_groups
         run_forced("tournament", x, 8, config, largest=False)
+        run_forced("tournament", sprinkled, 8, config)
+        run_forced("tournament", sprinkled, 8, config, sorted=False)
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -811,6 +816,20 @@ def test_gpu_every_dtype(cuda, dtype):
             if refuses(backend, x, k):
                 continue
             check(x, k, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_tournament_ties(cuda):
+    # A few distinct values, the rows that once sent every chunk to the whole-chunk selection
+    # (6-12x slower on the H200): every config, pure ties and ties under a few larger values.
+    for shape, k in (((29, 24790), 6), ((163, 16472), 4), ((3, 1 << 20), 64)):
+        x = torch.randint(0, 4, shape, device=cuda).float()
+        sprinkled = x.clone()
+        sprinkled[:, ::shape[1] // (k // 2 + 1)] = 10.0
+        for config in configs_of("tournament", x, k):
+            for rows in (x, sprinkled):
+                run_forced("tournament", rows, k, config)
+                run_forced("tournament", rows, k, config, largest=False, sorted=False)
 
 
 @pytest.mark.gpu
