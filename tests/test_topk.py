@@ -489,10 +489,19 @@ def test_maxima_survivor_overflow_takes_the_whole_row(cpu_triton, dtype):
 
 
 def test_maxima_ties_at_the_cut(cpu_triton):
-    # Few distinct values: fewer than k keys exceed the cut, the rest are its ties.
+    # Few distinct values: fewer than k keys exceed the cut, the rest are its ties. Every group's
+    # maximum is the cut; each program gathers only the first k tied groups of its share, and
+    # with a few larger values sprinkled in, the groups above the cut as well.
     x = torch.randint(0, 3, (2, 1200)).float()
     run_forced("maxima", x, 60, configs_of("maxima", x, 60)[0])
     run_forced("maxima", x, 60, configs_of("maxima", x, 60)[1], largest=False, sorted=False)
+    sprinkled = x.clone()
+    sprinkled[:, ::250] = 10.0 + torch.arange(5.0)
+    for k in (1, 3, 8):
+        for config in configs_of("maxima", x, k):
+            run_forced("maxima", x, k, config)
+            run_forced("maxima", sprinkled, k, config)
+            run_forced("maxima", sprinkled, k, config, largest=False, sorted=False)
     run_forced("maxima", torch.full((1, 1000), 5, dtype=torch.int16), 40,
                configs_of("maxima", x, 40)[0])
 
@@ -819,17 +828,26 @@ def test_gpu_every_dtype(cuda, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_tournament_ties(cuda):
-    # A few distinct values, the rows that once sent every chunk to the whole-chunk selection
-    # (6-12x slower on the H200): every config, pure ties and ties under a few larger values.
-    for shape, k in (((29, 24790), 6), ((163, 16472), 4), ((3, 1 << 20), 64)):
+@pytest.mark.parametrize("backend", ["tournament", "maxima"])
+def test_gpu_tied_maxima(cuda, backend):
+    # A few distinct values: every group's maximum ties at the cut. tournament once selected
+    # whole chunks from such rows, maxima gathered every group (6-12x and 2x slower on the
+    # H200); now both take the groups above the cut and a bounded number of tied ones. Every
+    # config, pure ties and ties under a few larger values.
+    for shape, k in (((29, 24790), 6), ((163, 16472), 4), ((3, 1 << 20), 64),
+                     ((44, 95564), 129), ((1, 10_480_692), 726)):
         x = torch.randint(0, 4, shape, device=cuda).float()
         sprinkled = x.clone()
         sprinkled[:, ::shape[1] // (k // 2 + 1)] = 10.0
-        for config in configs_of("tournament", x, k):
+        ran = 0
+        for config in configs_of(backend, x, k):
+            if getattr(K.OP.backend(backend).plan(K.prepare(x, k), config), "reason", None):
+                continue  # a config this call refuses (tournament's k per chunk)
+            ran += 1
             for rows in (x, sprinkled):
-                run_forced("tournament", rows, k, config)
-                run_forced("tournament", rows, k, config, largest=False, sorted=False)
+                run_forced(backend, rows, k, config)
+                run_forced(backend, rows, k, config, largest=False, sorted=False)
+        assert ran or backend == "tournament", (shape, k)
 
 
 @pytest.mark.gpu

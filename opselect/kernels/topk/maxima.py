@@ -200,8 +200,9 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
          of those maxima is one), so the row's k largest all do, and each lies in a group
          whose maximum reaches T: a "hot" group.
       2. Program j scans the group maxima of its share of the row (from L2), gathers the
-         elements of its hot groups (G each, usually a handful) and appends keys > T to the
-         row's survivors, keys == T to its ties.
+         elements of its hot groups (G each, usually a handful; of the groups whose maximum
+         equals T, the first k) and appends keys > T to the row's survivors, keys == T to its
+         ties.
       3. COOP: the row's programs (all resident: the launcher keeps the grid within one
          program per SM) wait for each other once, then each ranks a slice of the candidates
          (about 1.2 k survivors for random data, plus ties where fewer than k exceed T) and
@@ -241,6 +242,12 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
     scratch = (ws_ptr + off_scr).to(tl.pointer_type(tl.int32)) + (r64 * NB2 + j) * GT2
     cols = tl.arange(0, G)
     slot = tl.arange(0, HG)
+    # Groups whose maximum equals T: the first k of this share are enough. The row's k largest
+    # are the keys above T (all in groups whose maximum exceeds T, every one gathered) and
+    # ties at T; each tied group holds one tie at least, so k tied groups of one share hold as
+    # many as k needs, and a share with fewer gives all of its own. Without the bound, rows of
+    # a few distinct values made every group hot: each program re-read its whole share.
+    tied_before = tl.full([], 0, tl.int32)
     for g0 in range(g_lo, g_hi, GT2):
         g = g0 + tl.arange(0, GT2)
         okg = g < g_hi
@@ -248,7 +255,10 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
             gm = gm_first
         else:
             gm = tl.load(gmax + g, mask=okg, other=lowest)
-        hot = okg & (gm >= T)
+        tied = okg & (gm == T)
+        tied_rank = tied_before + tl.cumsum(tied.to(tl.int32), axis=0)
+        tied_before += tl.sum(tied.to(tl.int32), axis=0)
+        hot = (okg & (gm > T)) | (tied & (tied_rank <= k))
         n_hot = tl.sum(hot.to(tl.int32), axis=0)
         if n_hot > 0:
             tl.store(scratch + tl.cumsum(hot.to(tl.int32), axis=0) - 1, g, mask=hot)
