@@ -432,8 +432,16 @@ def _derive(row: dict, able: list[str]) -> None:
 FIT_MIN_S = 60e-6
 
 
+# A backend's scale from n rows is pulled toward 1 as n / (n + FIT_PRIOR_ROWS): a fit seed gives
+# some backends only a handful of device-bound rows, and a scale of 2.5 from nine of them (topk
+# maxima, most of them rows of tied values) moved the next seed's picks more than it corrected.
+FIT_PRIOR_ROWS = 6
+
+
 def fit(rows: list[dict], live) -> tuple[Any, dict, dict]:
-    """Per op/backend: old scale x geomean(measured / predicted) over the device-bound rows."""
+    """Per op/backend: old scale x the median of measured / predicted over the device-bound
+    rows (the median: one odd row, a tie-heavy call or a noisy timing, does not set the
+    scale), shrunk toward 1 where the rows are few."""
     ratios: dict[str, list[float]] = {}
     for r in rows:
         measured = [t for t in r["s"].values() if t]
@@ -443,7 +451,9 @@ def fit(rows: list[dict], live) -> tuple[Any, dict, dict]:
             t = r["s"].get(b)
             if t and p and math.isfinite(p) and p > 0:
                 ratios.setdefault(f"{r['op']}/{b}", []).append(t / p)
-    scales = {k: live.scales.get(k, 1.0) * harness._geomean(v) for k, v in sorted(ratios.items())}
+    scales = {k: live.scales.get(k, 1.0)
+              * harness._pct(v, .5) ** (len(v) / (len(v) + FIT_PRIOR_ROWS))
+              for k, v in sorted(ratios.items())}
     return (device_model.with_calibration(live, {}, scales), scales,
             {k: len(v) for k, v in ratios.items()})
 

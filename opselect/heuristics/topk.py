@@ -52,9 +52,15 @@ TORCH_LAUNCHES_PER_PASS = 2.5
 # 48 us; 400 x 1718 int64, 40 us).
 TORCH_BLOCK_PASS = 1e-6
 TORCH_BLOCK_ELEMENTS_PER_S = 1e9
+# Its host time, in torch launches: tiny calls measured back to back on an H200 (bench_random,
+# 37 calls under 3e4 elements) took a median 14 us unsorted and 21 us sorted (the results'
+# sort is a second op).
+TORCH_BLOCK_LAUNCHES = 1.6
+TORCH_BLOCK_SORT_LAUNCHES = 0.8
+TORCH_STRIDED_LAUNCHES = 2.0
 # The Python around a Triton topk (prepare, outputs, reshaping) beyond its launches: tiny calls
 # (under 1e4 elements) measured 20-35 us back to back on an H200 against 14 predicted.
-TRITON_GLUE_HOST = 6e-6
+TRITON_GLUE_HOST = 9e-6
 # maxima's second, programmatic dependent launch costs the host more than a plain one (tiny
 # calls: 34-48 us against radix's 20-34).
 MAXIMA_SECOND_LAUNCH_HOST = 8e-6
@@ -155,7 +161,8 @@ def torch_(call, model, plan=None):
         threads = min(1024, -(-N // 32) * 32)
         resident = max(1, model.sm_count) * max(1, min(32, 2048 // threads))
         waves = -(-R // resident)
-        parts = dict(launch=(2 + (call.sorted and k > 1)) * model.torch_launch,
+        parts = dict(launch=(TORCH_BLOCK_LAUNCHES + TORCH_BLOCK_SORT_LAUNCHES
+                             * (call.sorted and k > 1)) * model.torch_launch,
                      passes=waves * passes * (TORCH_BLOCK_PASS + N / TORCH_BLOCK_ELEMENTS_PER_S),
                      out=model.stream(_out_bytes(call)))
     else:
@@ -170,6 +177,12 @@ def torch_(call, model, plan=None):
                      out=model.stream(_out_bytes(call)))
     if call.sorted and k > 1:
         parts["sort_k"] = max(TORCH_SORT_K * k ** 0.4, model.sort(R * k, s, 8) * 0.5)
+    if on_gpu and N > 1 and call.col_stride != 1:
+        # Rows of strided elements: ATen copies the input to a contiguous layout and back for
+        # the results (H200, back to back: transposed calls of 1e3-4e5 elements took 28-48 us,
+        # contiguous ones of the kind about 20).
+        parts["launch"] += TORCH_STRIDED_LAUNCHES * model.torch_launch
+        parts["copy"] = model.stream(2 * R * N * s)
     return model.estimate(OP, "torch", triton=False, **parts)
 
 
