@@ -656,8 +656,14 @@ def main(argv=None) -> dict:
           f"{args.fit_seed}, report seed {args.seed}; timer {timer_name}", flush=True)
     device = torch.empty(0, device=device).device  # cuda:0, as the tensors' calls see it
     live = device_model.model_for(device_info(device))
+    measured_on = None  # a merge reports the machine the parts ran on, not this one
     if args.merge:
         paths = [q for q in args.merge.split(",") if q]
+        first = json.loads(Path(paths[0]).read_text())
+        if isinstance(first, dict):
+            measured_on = {key: first[key] for key in ("device", "gpu", "torch", "triton")
+                           if key in first}
+            slug = measured_on.get("gpu", slug)
         fit_rows = _load_rows(paths[0], "fit")
         fitted, scales, samples = fit(fit_rows, live)
         seen: dict[tuple, dict] = {}
@@ -690,6 +696,7 @@ def main(argv=None) -> dict:
                       "summary": summarise(fit_rows, "cold"), "rows": fit_rows},
               "report": {"seed": args.seed, "summary": summary, "rows": rows},
               "targets_met": summary["all"]["targets_met"]}
+    result.update(measured_on or {})
     stem = "random" if sorted(args.ops) == sorted(OPS) else "random_" + "_".join(args.ops)
     if args.part_count > 1:
         stem += f"_part{args.part_index + 1}of{args.part_count}"
