@@ -90,7 +90,13 @@ BITONIC_WIDE = 1024
 # take 13 us, 1.6e7 33 us at k = 1 and 39 at 1024, 1.3e8 0.15 and 0.16 ms.
 MAXIMA_SELECT = 12e-6
 MAXIMA_PER_K = 6e-9
-MAXIMA_PER_PROGRAM = 50e-9  # launch-2 programs beyond the chip's first wave queue up
+# Launch 2's programs run about one an SM at a time, each scanning its share of the group
+# maxima: a wave costs about this much plus this much per group maxima of a program (H200, do_bench
+# and bench_random: 293 rows of 228702 float32, 3574 groups a program, 3 waves, 140 us; 1753 rows
+# of 38269, 598 groups, 14 waves, 185 us; 5994 rows of 7468, 117 groups, 46 waves, 170 us). It
+# was 50 ns a program, which gave a few hundred long rows a third of their time.
+MAXIMA_WAVE = 2e-6
+MAXIMA_PER_GROUP = 12e-9
 MAXIMA_PASS_EFFICIENCY = 0.85  # of copy bandwidth, reading with evict-first
 # Each row's candidates are ranked against each other: about k * k comparisons a row, at this
 # many seconds each over the chip (H200, back to back: 3282 x 20444, k = 294, 1.2 ms; 2402 rows
@@ -338,8 +344,9 @@ def maxima(call, model, plan):
     # share of the group maxima (from L2), gathers its hot groups, waits for the row's other
     # programs and ranks a share of the candidates: dependent steps, then the queue of
     # programs where there are many rows.
+    waves = -(-R * plan.select_programs_per_row // max(1, model.sm_count))
     parts["select"] = (MAXIMA_SELECT + MAXIMA_PER_K * k
-                       + MAXIMA_PER_PROGRAM * R * plan.select_programs_per_row
+                       + waves * (MAXIMA_WAVE + MAXIMA_PER_GROUP * plan.groups_per_program)
                        + MAXIMA_RANK_PAIR * R * k * k
                        + model.stream(_out_bytes(call)))
     if plan.sort_after:
