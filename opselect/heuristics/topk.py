@@ -52,6 +52,10 @@ TORCH_LAUNCHES_PER_PASS = 2.5
 # 48 us; 400 x 1718 int64, 40 us).
 TORCH_BLOCK_PASS = 1e-6
 TORCH_BLOCK_ELEMENTS_PER_S = 1e9
+# The blocks an SM holds at once share it: an SM passes about this many elements a second,
+# however many short slices it holds (H200, back to back: 11955 x 240 float16, 110 us; 6678 x 242
+# float32, 93 us; the per-block rate alone gave them 30-35).
+TORCH_SM_ELEMENTS_PER_S = 0.5e9
 # Its host time, in torch launches: tiny calls measured back to back on an H200 (bench_random,
 # 37 calls under 3e4 elements) took a median 14 us unsorted and 21 us sorted (the results'
 # sort is a second op).
@@ -169,7 +173,9 @@ def torch_(call, model, plan=None):
         waves = -(-R // resident)
         parts = dict(launch=(TORCH_BLOCK_LAUNCHES + TORCH_BLOCK_SORT_LAUNCHES
                              * (call.sorted and k > 1)) * model.torch_launch,
-                     passes=waves * passes * (TORCH_BLOCK_PASS + N / TORCH_BLOCK_ELEMENTS_PER_S),
+                     passes=passes * max(
+                         waves * (TORCH_BLOCK_PASS + N / TORCH_BLOCK_ELEMENTS_PER_S),
+                         R * N / (max(1, model.sm_count) * TORCH_SM_ELEMENTS_PER_S)),
                      out=model.stream(_out_bytes(call)))
     else:
         speed = TORCH_ELEMENTS_PER_S * model.bandwidth / 4.1e12
