@@ -75,6 +75,11 @@ def test_bench_random_in_parts_measures_the_same_calls(tmp_path, cpu_triton):
     fit_rows = str(whole / "random.fit.rows.json")
     one = run(tmp_path / "one", "--fit-from", fit_rows, "--part", "1/2")
     two = run(tmp_path / "two", "--fit-from", fit_rows, "--part", "2/2")
+    # The merge may run on another machine (here: parts from a GPU): it reports theirs.
+    part_one = one / "random_permute_part1of2.json"
+    data = json.loads(part_one.read_text())
+    data.update(device="NVIDIA H200", gpu="h200", torch="2.11.0+cu130")
+    part_one.write_text(json.dumps(data))
     merged = run(tmp_path / "merged", "--merge", f"{one / 'random_permute_part1of2.json'},"
                                                  f"{two / 'random_permute_part2of2.json'}")
 
@@ -83,3 +88,43 @@ def test_bench_random_in_parts_measures_the_same_calls(tmp_path, cpu_triton):
 
     assert len(calls(one / "random_permute_part1of2.json")) == 2
     assert calls(merged / "random_permute.json") == calls(whole / "random_permute.json")
+    report = json.loads((merged / "random_permute.json").read_text())
+    assert (report["device"], report["gpu"], report["torch"]) == ("NVIDIA H200", "h200",
+                                                                  "2.11.0+cu130")
+
+
+def test_bench_random_fit_is_robust_to_few_and_odd_rows(tmp_path):
+    """The fit's scale of a backend is the median ratio of measured to predicted time, pulled
+    toward 1 where the rows are few: one odd row (a tie-heavy call, a noisy timing) does not set
+    it, and two rows do not move it all the way. (A subprocess: importing bench_random points
+    the process's tune cache at a directory of its own.)"""
+    import json
+
+    snippet = """
+import json, sys
+import bench_random as b
+from opselect.dispatch.device import device_info
+from opselect.heuristics import device_model
+import torch
+live = device_model.model_for(device_info(torch.device("cpu")))
+def rows(ratios):
+    return [{"op": "topk", "s": {"maxima": 1e-3 * r}, "predicted_s": {"maxima": 1e-3}}
+            for r in ratios]
+out = {}
+for name, ratios in {"odd": [1.0] * 7 + [10.0], "few": [2.0, 2.0], "many": [2.0] * 60,
+                     "host_bound": [3.0 * b.FIT_MIN_S / 1e-3 / 10] * 8}.items():
+    out[name] = b.fit(rows(ratios), live)[1].get("topk/maxima")
+print(json.dumps({"scales": out, "prior": b.FIT_PRIOR_ROWS, "min_s": b.FIT_MIN_S}))
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'benchmarks'}",
+           "OPSELECT_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-c", snippet], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    scales, prior = data["scales"], data["prior"]
+    assert scales["odd"] == pytest.approx(1.0)  # the median, not the geomean (1.33)
+    assert scales["few"] == pytest.approx(2.0 ** (2 / (2 + prior)))
+    assert 1.0 < scales["few"] < scales["many"] < 2.0
+    assert scales["many"] == pytest.approx(2.0 ** (60 / (60 + prior)))
+    assert scales["host_bound"] is None  # rows under FIT_MIN_S are host-bound: not fitted
