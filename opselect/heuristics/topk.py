@@ -125,9 +125,14 @@ def _out_bytes(call) -> float:
     return call.R * call.k * (call.input.dtype.itemsize + 8)
 
 
+def _adjacent(call) -> bool:
+    """Whether a row's elements sit next to each other (a unit column stride)."""
+    return call.col_stride == 1 or call.N <= 1
+
+
 def _copy(call, model) -> dict:
     """Backends that need rows of adjacent elements copy other layouts first."""
-    if call.viewable and (call.col_stride == 1 or call.N <= 1):
+    if call.viewable and _adjacent(call):
         return {}
     return {"copy": model.stream(2 * call.R * call.N * call.input.dtype.itemsize),
             "copy_host": model.torch_launch}
@@ -190,7 +195,7 @@ def torch_(call, model, plan=None):
                      out=model.stream(_out_bytes(call)))
     if call.sorted and k > 1:
         parts["sort_k"] = max(TORCH_SORT_K * k ** 0.4, model.sort(R * k, s, 8) * 0.5)
-    if on_gpu and N > 1 and call.col_stride != 1:
+    if on_gpu and not _adjacent(call):
         # Rows of strided elements: ATen copies the input to a contiguous layout and back for
         # the results (H200, back to back: transposed calls of 1e3-4e5 elements took 28-48 us,
         # contiguous ones of the kind about 20).
@@ -216,8 +221,7 @@ def sort(call, model, plan=None):
 
 
 def _contiguous_rows(call) -> bool:
-    return call.viewable and (call.col_stride == 1 or call.N <= 1) and (
-        call.R <= 1 or call.row_stride == call.N)
+    return call.viewable and _adjacent(call) and (call.R <= 1 or call.row_stride == call.N)
 
 
 def _torch_sort(model, rows: int, n: int, s: int) -> float:
@@ -403,6 +407,6 @@ def bitonic(call, model, plan):
         copy = _copy(call, model)
         host += copy.pop("copy_host")
         parts.update(copy)
-    elif not (call.col_stride == 1 or N <= 1):
+    elif not _adjacent(call):
         parts["memory"] *= 1.3  # strided rows are read in place, a little less efficiently
     return model.estimate(OP, "bitonic", triton=True, launch=host, **parts)
