@@ -108,7 +108,10 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
 
 def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Tensor] = None,
             backend: Optional[str] = None) -> torch.Tensor:
-    """input.permute(dims).contiguous(), as a new tensor (or written into `out`).
+    """input.permute(dims).contiguous(): a new contiguous tensor (or `out`, written into), or,
+    as torch's contiguous() gives, the permuted view itself when that is contiguous already (a
+    permutation that moves only dims of size 1, or undoes the input's own; a forced Triton
+    backend, autograd and torch.compile always give a new tensor).
 
     Backends: torch, naive, tiled, vectorized (see opselect.kernels.permute)."""
     if _compiling():
@@ -129,8 +132,14 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
         return _transforms.permute(input, dims, out, backend)
     key = _permute_key(input, dims)
     if _routed(_permute.OP, key, backend):
-        return input.permute(dims).clone(memory_format=torch.contiguous_format)
-    return _permute.OP.run(_permute.prepare_keyed(key, input, dims), backend, key)
+        return torch.permute_copy(input, dims)  # (one ATen call: see kernels/permute/call.py)
+    call = _permute.prepare_keyed(key, input, dims)
+    if call.view_is_contiguous and (backend is None or backend == "auto" or backend == "torch"):
+        # As torch's permute(dims).contiguous(): the view itself when it is contiguous already
+        # (dims of size 1 moved, the input's own permutation undone). A forced Triton backend
+        # runs its copy (or says why it cannot).
+        return input.permute(call.dims)
+    return _permute.OP.run(call, backend, key)
 
 
 def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,

@@ -40,7 +40,8 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
 # helpers
 # ---------------------------------------------------------------------------------------------
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    # (clone: an empty "contiguous" view may keep a stride other than 1, which view() refuses)
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
 def assert_same(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -307,11 +308,50 @@ def test_int64_offsets(cpu_triton, monkeypatch):
 
 
 def test_result_is_a_new_tensor(cpu_triton):
+    """A permutation that moves elements gives a new tensor, from every backend and from auto's
+    torch route (the second auto call)."""
     x = P.random_tensor((4, 5), torch.float32, cpu_triton)
-    for name in ("torch", "naive", "vectorized"):
-        y = ops.permute(x, (0, 1), backend=name)
-        assert y.data_ptr() != x.data_ptr()
-        assert_same(y, x)
+    for name in ("torch", "naive", "tiled", None, None):
+        y = ops.permute(x, (1, 0), backend=name)
+        assert y.data_ptr() != x.data_ptr() and y.is_contiguous()
+        assert_same(y, x.t())
+
+
+@pytest.mark.parametrize("shape, layout, dims", [
+    ((4, 5), None, (0, 1)),                 # the identity
+    ((35, 1, 37), None, (1, 0, 2)),         # a dim of size 1 moved
+    ((2003, 1, 61), None, (0, 2, 1)),
+    ((1, 80), None, (1, 0)),
+    ((6, 7, 8), (2, 0, 1), (2, 0, 1)),      # the input's own permutation undone
+    ((0, 3, 4), None, (2, 0, 1)),           # empty
+    ((1, 1, 1), None, (2, 1, 0)),           # one element
+])
+def test_result_aliases_as_torchs_contiguous(cpu_triton, shape, layout, dims):
+    """Where x.permute(dims) is contiguous already, torch's contiguous() returns that view (no
+    copy), and so does ops.permute (auto and the torch backend); a forced Triton backend runs
+    its copy. The values and strides are torch's."""
+    if layout is None:
+        x = P.random_tensor(shape, torch.float32, cpu_triton)
+    else:
+        base = P.random_tensor([shape[d] for d in layout], torch.float32, cpu_triton)
+        x = base.permute([layout.index(i) for i in range(len(layout))])
+    ref = x.permute(dims).contiguous()
+    assert ref.data_ptr() == x.data_ptr()  # (the case is one torch does not copy)
+    for name in (None, "torch", None):
+        y = ops.permute(x, dims, backend=name)
+        assert y.data_ptr() == x.data_ptr() and y.is_contiguous(), name
+        assert y.shape == ref.shape and y.stride() == ref.stride(), name
+        assert_same(y, ref)
+    if x.numel() > 1:
+        y = ops.permute(x, dims, backend="naive")
+        assert y.data_ptr() != x.data_ptr() and y.is_contiguous()
+        assert_same(y, ref)
+    # out= always writes out; autograd records a copy
+    out = torch.full(ref.shape, float("nan"), device=cpu_triton)
+    assert ops.permute(x, dims, out=out) is out
+    assert_same(out, ref)
+    g = ops.permute(x.clone().requires_grad_(), dims)
+    assert_same(g.detach(), ref)
 
 
 # ---------------------------------------------------------------------------------------------
