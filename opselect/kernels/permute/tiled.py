@@ -332,9 +332,13 @@ def _plan(call: PermuteCall) -> TilePlan:
     return plan
 
 
-#: Tile edges (elements along A, along B) by element bytes: 128-byte rows on both sides at the
-#: least, 8 to 16 KB a tile (the layout change goes through as much shared memory).
-TILE_EDGES = {1: (128, 128), 2: (64, 128), 4: (64, 64), 8: (32, 64), 16: (32, 32), 32: (16, 32)}
+#: Tile edges (elements along A, along B) by element bytes: 64-byte rows along A and 128-byte
+#: rows along B at the least, 8 to 16 KB a tile (the layout change goes through as much shared
+#: memory). Bytes take 64 x 128, not 128 x 128: on the H200 the 128 x 128 byte tile of 4 warps
+#: (128 bytes a thread) ran 1.07-1.6x slower on 2-d transposes and 3.8-28x slower where a group
+#: spans several dims (12x70x22x116x6 uint8: 1.07 ms against 38 us); 64 x 128 was within 5% of
+#: the best config on all 10 byte calls of a random sweep (benchmarks/NOTES.md).
+TILE_EDGES = {1: (64, 128), 2: (64, 128), 4: (64, 64), 8: (32, 64), 16: (32, 32), 32: (16, 32)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -385,11 +389,17 @@ class TiledBackend(_TritonBackend):
                    {"BA": ba, "BB": 2 * bb, "num_warps": 8, "TPP": 1},
                    {"BA": max(8, ba // 2), "BB": bb, "num_warps": 4, "TPP": 4 if big else 1},
                    {"BA": 2 * ba, "BB": bb, "num_warps": 8, "TPP": 1}]
-        if big and elem >= 4:
-            # Tuning chose the wider tile of 8 warps for 13 of 16 random calls of 64 MB and more
-            # with 4- or 8-byte elements (three runs, H200 and H100); the first config was 1.21x
-            # slower on 68x686x865 float64. The cold model runs the first config.
+        # The cold model runs the first config. A random sweep of every config on 83 calls of
+        # 2 MB to 1 GB (H200) ordered them:
+        if big and elem >= 2:
+            # 64 MB and more of 2-byte and wider elements: the wider tile of 8 warps (16-bit:
+            # 1.08x the best config in geometric mean against 1.20x; 4- and 8-byte: 1.00x
+            # against 1.11x; earlier tuning runs chose it for 13 of 16 such calls).
             general[0], general[1] = general[1], general[0]
+        elif elem == 8:
+            # Smaller 8-byte elements: half as many rows along A (1.02x against 1.28x, on all 5
+            # calls; a 1805x518 tile of 4 float16 a unit: 9 us against 24).
+            general[0], general[2] = general[2], general[0]
         if call.tile is not None and _plan(call).narrow:
             return [{"NARROW": True, "TILE_BYTES": 16384, "num_warps": 4, "TPP": 2 if big else 1},
                     {"NARROW": True, "TILE_BYTES": 32768, "num_warps": 8, "TPP": 1},
