@@ -319,7 +319,13 @@ def tournament(call, model, plan):
     # The input once, the group maxima written and read back (through L2, often not DRAM),
     # at the rate the resident warps stream it.
     memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.group_maxima_slots * 4)
-    resident = min(programs / sms, max(1, WARPS_PER_SM // plan.warps)) * plan.warps
+    # Warps streaming an SM. A row that is one program streams with all its warps however few
+    # the rows (H200: 2 rows of 13187 float16 took 22 us, where the programs' average share of
+    # an SM predicted 320). Rows split over several programs keep that average, on which the
+    # rate was fitted (single rows of 1.6e7 and 1.3e8; with whole SMs, single rows of 1e5-1e6
+    # were predicted at half their suite times and lost to maxima by up to 1.43x).
+    busy = programs / sms if plan.programs_per_row > 1 else max(1.0, programs / sms)
+    resident = min(busy, max(1, WARPS_PER_SM // plan.warps)) * plan.warps
     streamed = R * N * s / (min(programs, sms) * resident * TOURNAMENT_WARP_BANDWIDTH)
     parts["memory"] = max(memory, streamed)
     # Per program: the cut among the maxima, the hot groups re-read, their k largest.
