@@ -322,6 +322,8 @@ def _decide_auto(op, public, a, kw, call) -> tuple[tuple, dict]:
     _use(op, memos)
     public(*a, **kw)
     choice = op.chosen(call)
+    if choice is None:  # answered without dispatch: a permute whose view is contiguous, as torch
+        return memos, {"backend": "torch", "config": {}, "source": "view"}
     return memos, {"backend": choice.backend.name, "config": dict(choice.config),
                    "source": choice.source}
 
