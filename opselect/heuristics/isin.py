@@ -140,9 +140,31 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
     else:
         # One 16/32-byte bucket per element, read through L2 (or DRAM when the table is big).
         probes = model.gather(1.1 * m, t_bytes)
-    build = model.stream(t_bytes) + _atomics(1.3 * n, t_bytes, model)
+    # The inserts land on the slots of distinct values only: 8- and 16-bit keys have at most
+    # 256 / 65536 of them, whose slots stay in L2 however many test values (H200: 2.96M uint8
+    # test values took the whole call 97 us, where inserts spread over the 48 MB table would
+    # take 0.2 ms).
+    s = call.elements.dtype.itemsize
+    hot_bytes = t_bytes
+    if s <= 2 and not call.elements.dtype.is_floating_point:
+        hot_bytes = min(t_bytes, 4 * (1 << (8 * s)) * 4)
+    build = model.stream(t_bytes) + _atomics(1.3 * n, hot_bytes, model)
     return model.estimate(OP, "hash", triton=True, launch=2 * BOUND_LAUNCH + 3 * model.torch_launch,
                           memory=_stream(call, model), build=build, probes=probes)
+
+
+#: A bitmap of a few words (8- and 16-bit keys: 8 and 2048 words) takes every test value's
+#: atomic OR on those words: updates of one word serialise at about this many seconds each (H200:
+#: 2.96M uint8 test values into 8 words took 0.54 ms, 1.44M 0.26 ms, against 0.06 modelled) ...
+BITMAP_WORD_UPDATE_S = 1.2e-9
+#: ... and the few L2 lines of such a bitmap take them at this rate at best (1.08M int16 test
+#: values into 2048 words: 33 us more than modelled).
+BITMAP_SMALL_UPDATE_S = 3e-11
+
+
+def _bitmap_contention(n: int, capacity_bits: int) -> float:
+    words = max(1, capacity_bits // 32)
+    return max(n / words * BITMAP_WORD_UPDATE_S, n * BITMAP_SMALL_UPDATE_S)
 
 
 def bitmap(call, model, plan):
@@ -155,8 +177,9 @@ def bitmap(call, model, plan):
     parts = dict(launch=4 * BOUND_LAUNCH + 5 * model.torch_launch, memory=_stream(call, model),
                  setup=model.stream(bit_bytes) + bit_updates)
     narrow = 1.2 * model.gather(m, 0, on_chip=True) if local else model.gather(m, bit_bytes)
-    if s <= 2:  # 8/16-bit integers: the whole range always fits
-        return model.estimate(OP, "bitmap", triton=True, probes=narrow, **parts)
+    if s <= 2:  # 8/16-bit integers: the whole range always fits, in a few words
+        return model.estimate(OP, "bitmap", triton=True, probes=narrow,
+                              contention=_bitmap_contention(n, cap_bits), **parts)
     # Wider integers: the range is data, measured on the device, and the model cannot see it.
     # With even odds of a narrow range (bitmap) and a wide one (the hash set's probes), the
     # expected cost is the mean; tuning measures the real data.
