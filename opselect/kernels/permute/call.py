@@ -382,8 +382,8 @@ def _torch_permute(call: PermuteCall) -> torch.Tensor:
     if call.out is not None:
         return call.out.copy_(call.input.permute(call.dims))
     # permute_copy: one ATen call (the view and its contiguous clone made in C++, about 2 us less
-    # host time than permute() then clone()), and a new tensor even when the permutation is a
-    # no-op, which contiguous() would not give.
+    # host time than permute() then clone()), and always a new tensor, which the torch.library op
+    # and autograd's path need (ops.permute itself answers a contiguous view with the view).
     return torch.permute_copy(call.input, call.dims)
 
 
