@@ -88,9 +88,11 @@ def search(call, model, plan=None):
                           memory=_stream(call, model), lookups=lookups)
 
 
-def table_bytes(call, slots_per_key: int = 4) -> int:
+def table_bytes(call, slots_per_key: int = 4, keys: int | None = None) -> int:
+    """The hash table's bytes for the call's test values (or for `keys` of them)."""
     key_bytes = 8 if call.elements.dtype.itemsize == 8 else 4
-    return (1 << max(4, (slots_per_key * call.n - 1).bit_length())) * key_bytes
+    n = call.n if keys is None else keys
+    return (1 << max(4, (slots_per_key * n - 1).bit_length())) * key_bytes
 
 
 #: Shared-memory bytes/s a whole GPU writes when every program stages an on-chip table (Triton
@@ -144,10 +146,10 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
     # 256 / 65536 of them, whose slots stay in L2 however many test values (H200: 2.96M uint8
     # test values took the whole call 97 us, where inserts spread over the 48 MB table would
     # take 0.2 ms).
-    s = call.elements.dtype.itemsize
+    dtype = call.elements.dtype
     hot_bytes = t_bytes
-    if s <= 2 and not call.elements.dtype.is_floating_point:
-        hot_bytes = min(t_bytes, 4 * (1 << (8 * s)) * 4)
+    if dtype.itemsize <= 2 and not dtype.is_floating_point:
+        hot_bytes = table_bytes(call, keys=min(n, 1 << (8 * dtype.itemsize)))
     build = model.stream(t_bytes) + _atomics(1.3 * n, hot_bytes, model)
     return model.estimate(OP, "hash", triton=True, launch=2 * BOUND_LAUNCH + 3 * model.torch_launch,
                           memory=_stream(call, model), build=build, probes=probes)
