@@ -23,8 +23,6 @@ OP = "topk"
 ALU_PER_SM = 128 * 1.7e9
 # Per element of the radix filter: load, key, two compares, the packed count.
 FILTER_OPS = 14.0
-# Per element per network round of a bitonic top-k (partner exchange, compare, select).
-BITONIC_OPS = 10.0
 # Latencies of the radix steps that one program runs alone.
 STEP_LATENCY = 0.35e-6      # one 4-ary search step over a register tile (one fused reduction)
 TILE_LATENCY = 1.0e-6       # one tile re-read from L2 in the finisher's slow path
@@ -85,10 +83,15 @@ RADIX_PASS_EFFICIENCY = 0.6
 # radix with one program per row (fused): each wave of programs takes about this long beyond
 # its reading (H200: 256 x 50000 k = 1, one wave, 0.12 ms; 4096 x 32000 bf16, 8 waves, 0.77).
 RADIX_FUSED_WAVE = 90e-6
-# bitonic merges wider than a warp's registers exchange through shared memory: their rounds
-# cost more per element, the more so the wider (H200: 32 x 8192, k = 8192, a full sort: 0.2 ms;
-# k = 32 merges stay narrow, only the halvings are wide).
-BITONIC_WIDE = 1024
+# bitonic: one element-round of tl.topk's merge network (partner exchange, compare, select) in a
+# 16-warp program that has its SM to itself; a program of w warps takes (w / 16) ** 0.25 of that
+# per element-round. A halving (the max of a row's two halves, then a merge of the winners) costs
+# about a quarter of a merge round per element. Fitted on the 30 device-bound bitonic calls of
+# bench_random's H200 runs (seeds 0-5: 16384-wide rows at k = 16 to 4096, 360 us a row at
+# k = 1024): within 0.77-1.63x of each. The former ALU-count model (10 operations per round, at
+# 128 lanes an SM) was 5-7x under at mid k and only fitted k near the row's width.
+BITONIC_ROUND_S = 3.4e-10
+BITONIC_HALVING_WEIGHT = 0.25
 # maxima: launch 2's dependent steps (cut, scan, gather, wait, rank) on an idle chip, and per
 # winner (the wider search and ranking; H200, 16M elements: 8 us at k = 1, 14 us at 1024).
 # The end-to-end fit (do_bench, H200) adds the gap between the two launches: 1e5 elements
@@ -380,15 +383,16 @@ def _glue_host(call, model) -> float:
 
 
 def bitonic_rounds(n_pow2: int, k_pow2: int) -> float:
-    """Element-rounds of tl.topk(x[n], k) (tl.sort when k == n): log2(k) merge stages over all
-    n, then each halving (a max) followed by a log2(k)-round merge on what is left."""
+    """Element-rounds of tl.topk(x[n], k) (tl.sort when k == n), in merge rounds: log2(k) merge
+    stages over all n, then each halving (a max, then a log2(k)-round merge on what is left) at
+    BITONIC_HALVING_WEIGHT."""
     ln = max(0, n_pow2.bit_length() - 1)
     lk = max(0, k_pow2.bit_length() - 1)
     rounds = n_pow2 * lk * (lk + 1) / 2
     size = n_pow2
     for _ in range(lk, ln):
         size //= 2
-        rounds += size * (lk + 1) + size
+        rounds += BITONIC_HALVING_WEIGHT * (size * (lk + 1) + size)
     return rounds
 
 
@@ -400,13 +404,12 @@ def bitonic(call, model, plan):
     npow = 1 << max(0, (N - 1).bit_length())
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
-    per_row = bitonic_rounds(npow, kpow) * BITONIC_OPS * max(1.0, kpow / BITONIC_WIDE) ** 1.5
+    per_row = bitonic_rounds(npow, kpow) * BITONIC_ROUND_S * (plan.warps / 16) ** 0.25
     # A program's rows run on one SM: few rows leave most of the chip idle (H200: 22 rows of
     # 8065 bfloat16, k = 1940, 218 us where the whole chip's share would be 30).
     rows = plan.rows_per_program
     programs = -(-R // rows)
-    network = max(R * per_row / (sms * ALU_PER_SM),
-                  -(-programs // sms) * rows * per_row / ALU_PER_SM)
+    network = max(R * per_row / sms, -(-programs // sms) * rows * per_row)
     host = BOUND_LAUNCH + _alloc(2, model) + _glue_host(call, model)
     parts = dict(memory=model.stream(R * N * s + _out_bytes(call)), network=network)
     if not call.viewable:
