@@ -774,6 +774,23 @@ def test_cost_model_prefers_the_right_kernel():
     assert min(est, key=est.get) == "bitonic"
 
 
+@pytest.mark.parametrize("shape,backend,first", [
+    ((1054, 63630), "tournament", {"TILE": 4096, "CANDIDATES": 4096}),  # a program a row
+    ((8609, 4354), "tournament", {"TILE": 4096, "CANDIDATES": 4096}),
+    ((1, 5_000_000), "tournament", {}),  # few long rows: the plain 8192 x 2048
+    ((64, 128000), "tournament", {}),
+    ((1, 5_742_833), "maxima", {"TILE": 4096}),
+    ((1054, 63630), "maxima", {"TILE": 4096}),
+])
+def test_first_config_follows_the_h200_tuning(shape, backend, first):
+    """The config a cold pick runs, as the H200's tuning of bench_random's calls chose (see
+    configs() in tournament.py and maxima.py); the others stay for tuning."""
+    call = K.prepare(torch.empty(shape, dtype=torch.bfloat16, device="meta"), 8)
+    call.info = H200  # a compiled GPU's configs, not the interpreter's
+    configs = K.OP.backend(backend).configs(call)
+    assert configs[0] == first and len(configs) == 3
+
+
 def test_radix_plans_stay_in_bounds():
     for R, N, k in [(1, 16_000_000, 1024), (1, 16_000_000, 1), (1, 130_000_000, 16384),
                     (64, 128000, 50), (4096, 32000, 50), (16, 1 << 20, 2048), (3, 9000, 8000),
