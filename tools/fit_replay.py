@@ -43,10 +43,7 @@ def replay(path: str, gpu: str) -> list[tuple[str, str, str, float]]:
     result = json.loads(Path(path).read_text())
     info = known_gpu(gpu)
     live = defaults_for(info)
-    fit_rows = []
-    for row in result["fit"]["rows"]:
-        row = dict(row, predicted_s={c.name: c.predicted_s for c in _plan(row, info, live)})
-        fit_rows.append(row)
+    fit_rows = bench_random.predicted_again(result["fit"]["rows"], info, live)
     fitted, scales, samples = bench_random.fit(fit_rows, live)
     print("scales:", ", ".join(f"{k} {v:.2f} ({samples[k]})" for k, v in scales.items()))
     out = []
