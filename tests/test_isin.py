@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import opselect
 from opselect import ops
-from opselect.dispatch.device import INTERPRETED
+from opselect.dispatch.device import INTERPRETED, DeviceInfo
 from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
 from opselect.kernels import isin as isin_mod
 
@@ -446,3 +446,25 @@ def test_gpu_auto_and_tuning(cuda):
     d = opselect.explain("isin", a, b, show=False)
     assert d.source == "memo" and all(
         c.measured_s is not None and math.isfinite(c.measured_s) for c in d.candidates if c.supported)
+
+
+@pytest.mark.parametrize("m,n,dtype,backend,first", [
+    # a table copied on chip: 2048 x 4
+    (8_000_000, 1000, torch.int32, "hash", {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True}),
+    # a table in L2: blocks of 512
+    (8_000_000, 100_000, torch.int32, "hash", {"BLOCK": 512, "SLOTS": 4}),
+    # a table of 4 slots a key past the H200's 60 MB of L2 (4M int32 keys: 64 MB): 2 slots a key
+    (1_000_000, 4_000_000, torch.int32, "hash", {"BLOCK": 1024, "SLOTS": 2}),
+    (1_000_000, 1_600_000, torch.int64, "hash", {"BLOCK": 1024, "SLOTS": 2}),
+    (1_000_000, 4_000_000, torch.uint8, "hash", {"BLOCK": 512, "SLOTS": 4}),  # 256 values at most
+    (8_000_000, 1000, torch.int64, "bitmap", {"BLOCK": 1024, "PER_PROGRAM": 1}),
+])
+def test_first_config_follows_the_h200_tuning(m, n, dtype, backend, first):
+    """The config a cold pick runs, as the H200's tuning of bench_random's calls chose (see
+    configs() in hash.py and bitmap.py)."""
+    op = isin_mod.OP
+    call = op.prepare(torch.empty(m, dtype=dtype, device="meta"),
+                      torch.empty(n, dtype=dtype, device="meta"))
+    call.info = DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 141 << 30)
+    cfg = op.backend(backend).configs(call)[0]
+    assert {key: cfg[key] for key in first} == first
