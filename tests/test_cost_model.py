@@ -116,3 +116,13 @@ def test_bitonic_network_is_charged_per_merge_round_at_every_k():
     # k = 101: bitonic 74 us, tournament 24)
     cands = topk_plan((533, 1447), 101)
     assert cands["bitonic"].predicted_s > 2 * cands["tournament"].predicted_s
+
+
+def test_torch_topk_narrow_blocks_pass_fewer_elements():
+    """ATen gives each short row a block of 32-64 threads; such blocks pass about 0.2e9
+    elements a second an SM, not the 0.5e9 of rows of 240 (H200: 14715 x 39 bfloat16, k = 11,
+    61 us; 11955 x 240 float16, k = 1, 110 us)."""
+    narrow = topk_plan((14715, 39), 11)["torch"]
+    assert 40e-6 < narrow.predicted_s < 80e-6, narrow.predicted_s  # (the old rate: 28 us)
+    wide = topk_plan((11955, 240), 1, torch.float16)["torch"]
+    assert 80e-6 < wide.predicted_s < 140e-6, wide.predicted_s

@@ -54,6 +54,10 @@ TORCH_BLOCK_ELEMENTS_PER_S = 1e9
 # however many short slices it holds (H200, back to back: 11955 x 240 float16, 110 us; 6678 x 242
 # float32, 93 us; the per-block rate alone gave them 30-35).
 TORCH_SM_ELEMENTS_PER_S = 0.5e9
+# Blocks narrower than this pass fewer elements a second an SM, about as the square root of
+# their width (H200, back to back: 14715 x 39 bfloat16 in blocks of 64 threads took 61 us,
+# 13525 x 12 float32 in blocks of 32 40 us: about 0.2e9 elements a second an SM).
+TORCH_SM_FULL_BLOCK = 256
 # Its host time, in torch launches: tiny calls measured back to back on an H200 (bench_random,
 # 37 calls under 3e4 elements) took a median 14 us unsorted and 21 us sorted (the results'
 # sort is a second op).
@@ -184,7 +188,8 @@ def torch_(call, model, plan=None):
                              * (call.sorted and k > 1)) * model.torch_launch,
                      passes=passes * max(
                          waves * (TORCH_BLOCK_PASS + N / TORCH_BLOCK_ELEMENTS_PER_S),
-                         R * N / (max(1, model.sm_count) * TORCH_SM_ELEMENTS_PER_S)),
+                         R * N / (max(1, model.sm_count) * TORCH_SM_ELEMENTS_PER_S
+                                  * min(1.0, threads / TORCH_SM_FULL_BLOCK) ** 0.5)),
                      out=model.stream(_out_bytes(call)))
     else:
         speed = TORCH_ELEMENTS_PER_S * model.bandwidth / 4.1e12
