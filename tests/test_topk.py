@@ -775,16 +775,16 @@ def test_cost_model_prefers_the_right_kernel():
 
 
 @pytest.mark.parametrize("shape,backend,first", [
-    ((1054, 63630), "tournament", {"TILE": 4096, "CANDIDATES": 4096}),  # a program a row
-    ((8609, 4354), "tournament", {"TILE": 4096, "CANDIDATES": 4096}),
-    ((1, 5_000_000), "tournament", {}),  # few long rows: the plain 8192 x 2048
-    ((64, 128000), "tournament", {}),
-    ((1, 5_742_833), "maxima", {"TILE": 4096}),
-    ((1054, 63630), "maxima", {"TILE": 4096}),
+    ((1054, 63630), "maxima", {"TILE": 4096}),  # two rows or more an SM
+    ((8609, 4354), "maxima", {"TILE": 4096}),
+    ((1, 5_742_833), "maxima", {}),  # few rows: the plain 8192
+    ((64, 128000), "maxima", {}),
+    ((4096, 32000), "tournament", {}),  # 8192 x 2048, many rows or few
+    ((1, 5_000_000), "tournament", {}),
 ])
 def test_first_config_follows_the_h200_tuning(shape, backend, first):
-    """The config a cold pick runs, as the H200's tuning of bench_random's calls chose (see
-    configs() in tournament.py and maxima.py); the others stay for tuning."""
+    """The config a cold pick runs, as the H200's tuning of bench_random's calls and its suite
+    chose (see configs() in tournament.py and maxima.py); the others stay for tuning."""
     call = K.prepare(torch.empty(shape, dtype=torch.bfloat16, device="meta"), 8)
     call.info = H200  # a compiled GPU's configs, not the interpreter's
     configs = K.OP.backend(backend).configs(call)

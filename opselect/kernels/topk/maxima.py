@@ -523,13 +523,14 @@ class MaximaBackend(_PlannedBackend):
                     {"G": 4, "G_MIN": 2, "TILE": 32, "S_MAX": 1024, "GT2_MAX": 16, "GATHER": 8,
                      "FT": 128, "RHO": 8, "PPS2": 2, "COOP": False, "CB": 8,
                      "UB": 32}]
-        # Tiles of 4096 first: the H200's tuning chose them on 107 of 173 random calls whose
-        # plans differ (49 of 52 with 264 rows or more), the plain 8192 on 39; the plain tile
-        # as the default cost the cold pick up to 1.5x (5742833 float32, k = 98: 48 us
-        # against 33). The plain config stays the default where 4096's plan cannot hold.
-        out = [{"TILE": 4096}, {}, {"RHO": 2, "G": 128}]
-        if self.plan(call, out[0]).reason is not None:
-            out.remove(out[0])
+        # Where rows are many (two or more an SM), tiles of 4096 first: the H200's tuning of
+        # random calls chose them on 49 of 52 such calls whose plans differ; the plain 8192
+        # cost the cold pick up to 1.3x (475 x 109469 float32, k = 23). Fewer rows keep 8192:
+        # the H200's suite ran 16M float32 at k = 64 and 64 x 128000 at k = 50 1.1x faster
+        # with it, and random calls of few rows were split (4096 on 58 of 122).
+        out = [{}, {"RHO": 2, "G": 128}, {"TILE": 4096}]
+        if call.R >= 2 * call.info.sm_count and self.plan(call, out[2]).reason is None:
+            out.insert(0, out.pop(2))
         return out[:1] + [c for c in out[1:] if self.plan(call, c).reason is None]
 
     estimate = staticmethod(cost.maxima)

@@ -272,19 +272,12 @@ class TournamentBackend(_PlannedBackend):
                     "FINISH": 1024},
                    {"TILE": 32, "CANDIDATES": 64, "CHUNK_MIN": 1 << 30, "MAXP": 1 << 20}]
         else:
-            # Tiles of 8192 and 2048 candidates were faster on most of an H100's suite shapes
-            # (few, long rows) than 4096 and 4096. Where rows are many (a program a row), the
-            # H200's tuning chose 4096 and 4096 on 30 of 53 random calls whose plans differ, the
-            # plain config on 16; that config as the default cost the cold pick up to 1.6x
-            # (1054 x 63630 bfloat16, k = 3: 225 us against 140).
-            plain = self.plan(call, {})
-            other = 12 - plain.warps  # the warp count the default does not pick
-            wide = {"TILE": 4096, "CANDIDATES": 4096}
-            many_rows = plain.programs_per_row == 1 and plain.warps == 4
-            out = [wide, {}, {"num_warps": other}] if many_rows else [{}, wide,
-                                                                      {"num_warps": other}]
-            if self.plan(call, out[0]).reason is not None:
-                out.remove(out[0])
+            # Tiles of 8192 and 2048 candidates first: faster on most of an H100's suite shapes
+            # (few, long rows), and on the H200's 4096 x 32000 bfloat16, k = 50 (0.226 ms
+            # against 0.295 for 4096 x 4096). Where rows are many, the H200's tuning of random
+            # calls chose 4096 x 4096 on 30 of 53, the others on 23: too split to move it.
+            other = 12 - self.plan(call, {}).warps  # the warp count the default does not pick
+            out = [{}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": other}]
         # The first is the default (supports() asks it); others only where their plan holds.
         return out[:1] + [c for c in out[1:] if self.plan(call, c).reason is None]
 
