@@ -111,3 +111,44 @@ def test_cold_memo_stays_bounded(cpu_triton, monkeypatch):
         assert torch.equal(ops.isin(elements, test), torch.isin(elements, test))
         assert 1 <= len(op._cold) <= 2
         assert op.chosen(op.prepare(elements, test)) is not None
+
+
+def test_candidates_are_timed_through_the_public_function(cpu_triton):
+    """Stage 2 times each candidate as the program will run it: the public function with the
+    op's decisions pinned to that candidate (torch's op answered by the torch route, a Triton
+    backend by the memo and the prepared call), then leaves the op's own decisions in place."""
+    op = get_op("topk")
+    x = torch.randn(6, 40, device=cpu_triton)
+    call = op.prepare(x, 3)
+    own = (op.torch_routes, op._memo, op._cold)
+    for name in ("torch", "radix"):
+        backend = op.backend(name)
+        cfg = dict(backend.configs(call)[0])
+        run = op._pinned_public(backend, cfg, call, op._timed_run(backend, cfg, call))
+        routes, memo, _ = run.decisions
+        for _ in range(2):
+            got = run()
+            assert torch.equal(got.values, torch.topk(x, 3).values)
+        assert memo[call.key].backend is backend and memo[call.key].config == cfg
+        # torch's choice is answered by a route after its first call; a Triton one never is
+        assert list(routes.values()) == ([True] if name == "torch" else [])
+        op.torch_routes, op._memo, op._cold = own
+    # _settle times these and puts the op's own decisions back
+    able = [c for c in op.decide(call).candidates if c.supported and c.name in ("torch", "radix")]
+    times = op._settle(able, call)
+    assert set(times) == {"torch", "radix"} and all(t > 0 for t in times.values())
+    assert (op.torch_routes, op._memo, op._cold) == own
+    assert all(a is b for a, b in zip((op.torch_routes, op._memo, op._cold), own))
+
+
+def test_an_op_under_autograd_times_its_backward_not_the_public_forward(cpu_triton):
+    """softmax under autograd: tuning times the forward and the backward (Op.timed), which the
+    public function alone does not run: no pinned public path there."""
+    op = get_op("softmax")
+    x = torch.randn(4, 33, device=cpu_triton, requires_grad=True)
+    call = op.prepare(x, -1)
+    backend = op.backend("fused")
+    cfg = dict(backend.configs(call)[0])
+    assert op._pinned_public(backend, cfg, call, op._timed_run(backend, cfg, call)) is None
+    plain = op.prepare(x.detach(), -1)
+    assert op._pinned_public(backend, cfg, plain, op._timed_run(backend, cfg, plain)) is not None

@@ -137,6 +137,12 @@ class Choice:
                    provisional=decision.source in ("model", "cache+model"))
 
 
+def _times_the_run_alone(fn: Callable[[], Any]) -> bool:
+    """Whether _timed_run's function times the backend's run and nothing else (an op's `timed`
+    hands it back unchanged when the call needs no backward)."""
+    return getattr(fn, "runs_alone", False)
+
+
 class Op:
     """`prepare(*args, **kwargs) -> Call` applies torch's argument rules; `sample(shapes, dtype,
     options, device) -> (args, kwargs)` makes realistic inputs from a warm spec entry."""
@@ -152,6 +158,9 @@ class Op:
         #: (args, kwargs) of the public function that prepare() turns into this call: tuning
         #: first runs unseen candidates on them in a separate process (dispatch/isolation.py)
         self.replay = replay
+        #: the public function that answers this op's calls (ops.py sets it; dispatch sits
+        #: below ops): tuning's stage 2 times each candidate through it (_pinned_public)
+        self.public: Callable[..., Any] | None = None
         #: what tuning times for a call, given the function that runs one backend on it (an op
         #: under autograd times its backward too, since that is what the user's step pays)
         self.timed = timed
@@ -371,21 +380,64 @@ class Op:
         def fn() -> Any:
             return backend.run(call, cfg)
 
+        fn.runs_alone = True  # type: ignore[attr-defined]  (see _times_the_run_alone)
         return fn if self.timed is None else self.timed(call, fn)
 
     def _settle(self, able: list[Candidate], call: Call) -> dict[str, float]:
         """Stage 2 of measuring (tuning_mode.time_interleaved): seconds per call of each
-        candidate's configuration in turns with the others; inf for one that failed before."""
+        candidate's configuration in turns with the others; inf for one that failed before.
+
+        Each candidate is timed through the public function with the op's decisions pinned to
+        it (_pinned_public), where the op can replay its call: a choice of torch's op is then
+        answered by the torch route, a Triton backend by the memo, the prepared call and the
+        launch, as the program will pay them. Timing the backends' run() alone left out that
+        difference (H200, bench_random medians: 2-3 us on topk and softmax calls, 9 on
+        permute's), so on calls of 20 us a Triton backend that won by 3% then lost by 15%."""
         items, names = [], []
-        for c in able:
-            if c.measured_s is not None and math.isinf(c.measured_s):
-                continue  # failed in stage 1 (or when it was recorded): never chosen
-            cfg = dict(c.config or {})
-            items.append((f"{self.name}/{c.name} {cfg}",
-                          self._timed_run(self._by_name[c.name], cfg, call)))
-            names.append(c.name)
-        times = dict(zip(names, _tuning.time_interleaved(items, _device_of(call))))
+        saved = (self.torch_routes, self._memo, self._cold)
+        try:
+            for c in able:
+                if c.measured_s is not None and math.isinf(c.measured_s):
+                    continue  # failed in stage 1 (or when it was recorded): never chosen
+                cfg = dict(c.config or {})
+                backend = self._by_name[c.name]
+                fn = self._timed_run(backend, cfg, call)
+                pinned = self._pinned_public(backend, cfg, call, fn)
+                items.append((f"{self.name}/{c.name} {cfg}", pinned or fn))
+                names.append(c.name)
+            times = dict(zip(names, _tuning.time_interleaved(items, _device_of(call))))
+        finally:
+            self.torch_routes, self._memo, self._cold = saved
         return {c.name: times.get(c.name, math.inf) for c in able}
+
+    def _pinned_public(self, backend: Backend, cfg: dict, call: Call,
+                       timed: Callable[[], Any]) -> Callable[[], Any] | None:
+        """The public function on this call with the op's decisions pinned to backend/cfg (a
+        settled choice: its own torch routes, memo and cold memo, put in place before each call,
+        three attribute stores); None where it cannot be (no replay or public function, or
+        tuning times more than the forward: an op under autograd). _settle restores the op's
+        own decisions afterwards."""
+        public = self.public
+        if public is None or self.replay is None or not _times_the_run_alone(timed):
+            return None
+        try:
+            args, kwargs = self.replay(call)
+            same = self.prepare(*args, **kwargs).key == call.key
+        except Exception:  # noqa: BLE001 - a call replay cannot rebuild is timed as before
+            return None
+        if not same:
+            return None  # (the pinned choice would miss, and the public call decide afresh)
+        routes: dict = {}
+        memo, cold = _Choices(routes), _Choices(routes, per_call=True)
+        memo[call.key] = Choice(backend, dict(cfg), "tuning")
+        decisions = (routes, memo, cold)
+
+        def run_as_the_program_would() -> Any:
+            self.torch_routes, self._memo, self._cold = decisions
+            return public(*args, **kwargs)
+
+        run_as_the_program_would.decisions = decisions  # type: ignore[attr-defined]
+        return run_as_the_program_would
 
     # -- explain --------------------------------------------------------------------------------
     def explain(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Decision:

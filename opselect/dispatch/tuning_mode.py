@@ -111,8 +111,10 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
 
 #: How the recorded seconds of a tune record were measured (stored with each timing; timings
 #: measured another way are measured again): each backend's best configuration, found by
-#: measure_all, then timed by time_interleaved against every other candidate of the call.
-METHOD = "interleaved wall clock, back-to-back calls/1"
+#: measure_all, then timed by time_interleaved against every other candidate of the call, each
+#: through the public function with the op's choice pinned to it (/2; /1 timed the backends'
+#: run() alone, without the host time of the path that reaches them).
+METHOD = "interleaved wall clock, back-to-back calls through the public function/2"
 
 
 def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.device, *,
