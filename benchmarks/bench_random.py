@@ -97,7 +97,7 @@ import harness  # noqa: E402
 import opselect  # noqa: E402
 from opselect.dispatch import get_op  # noqa: E402
 from opselect.dispatch import tuning_mode  # noqa: E402
-from opselect.dispatch.op import _Choices  # noqa: E402
+from opselect.dispatch.op import fresh_decisions  # noqa: E402
 from opselect.dispatch.device import device_info  # noqa: E402
 from opselect.heuristics import device_model  # noqa: E402
 
@@ -297,29 +297,15 @@ def _point_cache(path: str) -> None:
     reset()
 
 
-#: The Op's in-process decisions: its torch routes, settled choices per key, the model's per
-#: exact call. Each mode (cold, fitted, tuned) gets its own set, which its timed closure puts in
-#: place before the call: three attribute stores (~60 ns) on a path of microseconds. (No public
-#: API holds several sets of decisions at once; Op.forget() would clear them in place.)
-_MEMOS = ("torch_routes", "_memo", "_cold")
-
-
-def _use(op, memos: tuple) -> None:
-    for name, memo in zip(_MEMOS, memos):
-        setattr(op, name, memo)
-
-
-def _fresh_memos() -> tuple:
-    """Empty decisions, tied together as an Op's own are (a change to either memo drops the
-    routes)."""
-    routes: dict = {}
-    return routes, _Choices(routes), _Choices(routes, per_call=True)
+# Each mode (cold, fitted, tuned) gets its own set of the Op's in-process decisions
+# (Op.decisions), which its timed closure puts in place before the call: three attribute stores
+# (~60 ns) on a path of microseconds.
 
 
 def _decide_auto(op, public, a, kw, call) -> tuple[tuple, dict]:
     """Run the public op once with empty memos: (the memos it filled, the pick)."""
-    memos = _fresh_memos()
-    _use(op, memos)
+    memos = fresh_decisions()
+    op.decisions = memos
     public(*a, **kw)
     choice = op.chosen(call)
     if choice is None:  # answered without dispatch: a permute whose view is contiguous, as torch
@@ -376,7 +362,7 @@ def run_call(spec: dict, index: int, seed: int, device: torch.device, fitted, ar
             fns[name] = functools.partial(op.backend(name).run, call, configs[name])
     for mode, memo in memos.items():
         def auto(memo=memo):
-            _use(op, memo)  # this mode's decisions
+            op.decisions = memo  # this mode's decisions
             return public(*a, **kw)
         fns[f"auto-{mode}"] = auto
         pick = row["picks"][mode]
@@ -398,7 +384,7 @@ def run_call(spec: dict, index: int, seed: int, device: torch.device, fitted, ar
     times = time_fns([(f"{spec['op']} {name}", fn) for name, fn in good.items()], device,
                      rounds=args.rounds)
     row["s"] = {name: (t if math.isfinite(t) else None) for name, t in zip(good, times)}
-    _use(op, _fresh_memos())
+    op.decisions = fresh_decisions()
     _derive(row, able)
     return row
 

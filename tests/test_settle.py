@@ -15,6 +15,7 @@ from opselect import ops
 from opselect.dispatch import get_op, tuning
 from opselect.dispatch import tuning_mode
 from opselect.dispatch.device import device_info
+from opselect.dispatch.op import _times_the_run_alone
 from opselect.heuristics import device_model
 
 
@@ -121,10 +122,12 @@ def test_candidates_are_timed_through_the_public_function(cpu_triton):
     x = torch.randn(6, 40, device=cpu_triton)
     call = op.prepare(x, 3)
     own = (op.torch_routes, op._memo, op._cold)
+    public = op._public_replay(call)
+    assert public is not None
     for name in ("torch", "radix"):
         backend = op.backend(name)
         cfg = dict(backend.configs(call)[0])
-        run = op._pinned_public(backend, cfg, call, op._timed_run(backend, cfg, call))
+        run = op._pinned_public(backend, cfg, call, *public)
         routes, memo, _ = run.decisions
         for _ in range(2):
             got = run()
@@ -149,6 +152,7 @@ def test_an_op_under_autograd_times_its_backward_not_the_public_forward(cpu_trit
     call = op.prepare(x, -1)
     backend = op.backend("fused")
     cfg = dict(backend.configs(call)[0])
-    assert op._pinned_public(backend, cfg, call, op._timed_run(backend, cfg, call)) is None
+    assert not _times_the_run_alone(op._timed_run(backend, cfg, call))
     plain = op.prepare(x.detach(), -1)
-    assert op._pinned_public(backend, cfg, plain, op._timed_run(backend, cfg, plain)) is not None
+    assert _times_the_run_alone(op._timed_run(backend, cfg, plain))
+    assert op._public_replay(plain) is not None

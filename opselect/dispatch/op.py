@@ -137,6 +137,13 @@ class Choice:
                    provisional=decision.source in ("model", "cache+model"))
 
 
+def fresh_decisions() -> tuple[dict, dict, dict]:
+    """An empty set of an Op's in-process decisions (its torch routes, settled memo, cold memo),
+    tied together as an Op's own are: a change to either memo empties the routes."""
+    routes: dict = {}
+    return routes, _Choices(routes), _Choices(routes, per_call=True)
+
+
 def _times_the_run_alone(fn: Callable[[], Any]) -> bool:
     """Whether _timed_run's function times the backend's run and nothing else (an op's `timed`
     hands it back unchanged when the call needs no backward)."""
@@ -177,12 +184,24 @@ class Op:
         #: for a call of a few microseconds, preparing it is most of opselect's overhead. A route
         #: can only cost time, never change an answer (torch's op answers every call as torch
         #: does); it is derived from the two memos below and emptied by any change to them.
-        self.torch_routes: dict[tuple, bool] = {}
+        self.torch_routes: dict[tuple, bool]
         #: settled choices (measured, cached, the only candidate, agreed across ranks) per key
-        self._memo: dict[tuple, Choice] = _Choices(self.torch_routes)
+        self._memo: dict[tuple, Choice]
         #: the cost model's (provisional) choices, per exact call (Call.exact)
-        self._cold: dict[tuple, Choice] = _Choices(self.torch_routes, per_call=True)
+        self._cold: dict[tuple, Choice]
+        self.decisions = fresh_decisions()
         self._forced: dict[tuple, Choice] = {}
+
+    @property
+    def decisions(self) -> tuple[dict, dict, dict]:
+        """(torch routes, settled memo, cold memo): what this process has decided. Setting it
+        swaps in another set (fresh_decisions()) in three attribute stores: tuning's stage 2
+        and bench_random time the public function under decisions of their own."""
+        return self.torch_routes, self._memo, self._cold
+
+    @decisions.setter
+    def decisions(self, sets: tuple[dict, dict, dict]) -> None:
+        self.torch_routes, self._memo, self._cold = sets
 
     # -- the call -------------------------------------------------------------------------------
     def __call__(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
@@ -394,7 +413,8 @@ class Op:
         difference (H200, bench_random medians: 2-3 us on topk and softmax calls, 9 on
         permute's), so on calls of 20 us a Triton backend that won by 3% then lost by 15%."""
         items, names = [], []
-        saved = (self.torch_routes, self._memo, self._cold)
+        public = self._public_replay(call)
+        saved = self.decisions
         try:
             for c in able:
                 if c.measured_s is not None and math.isinf(c.measured_s):
@@ -402,38 +422,40 @@ class Op:
                 cfg = dict(c.config or {})
                 backend = self._by_name[c.name]
                 fn = self._timed_run(backend, cfg, call)
-                pinned = self._pinned_public(backend, cfg, call, fn)
-                items.append((f"{self.name}/{c.name} {cfg}", pinned or fn))
+                if public is not None and _times_the_run_alone(fn):
+                    fn = self._pinned_public(backend, cfg, call, *public)
+                items.append((f"{self.name}/{c.name} {cfg}", fn))
                 names.append(c.name)
             times = dict(zip(names, _tuning.time_interleaved(items, _device_of(call))))
         finally:
-            self.torch_routes, self._memo, self._cold = saved
+            self.decisions = saved
         return {c.name: times.get(c.name, math.inf) for c in able}
 
-    def _pinned_public(self, backend: Backend, cfg: dict, call: Call,
-                       timed: Callable[[], Any]) -> Callable[[], Any] | None:
-        """The public function on this call with the op's decisions pinned to backend/cfg (a
-        settled choice: its own torch routes, memo and cold memo, put in place before each call,
-        three attribute stores); None where it cannot be (no replay or public function, or
-        tuning times more than the forward: an op under autograd). _settle restores the op's
-        own decisions afterwards."""
-        public = self.public
-        if public is None or self.replay is None or not _times_the_run_alone(timed):
+    def _public_replay(self, call: Call) -> tuple[Callable[..., Any], tuple, dict] | None:
+        """(public function, args, kwargs) that answer this call as the program does; None
+        where the op cannot rebuild it (no public function or replay, or a replay whose key
+        differs: a pinned choice would miss, and the public call decide afresh)."""
+        if self.public is None or self.replay is None:
             return None
         try:
             args, kwargs = self.replay(call)
             same = self.prepare(*args, **kwargs).key == call.key
         except Exception:  # noqa: BLE001 - a call replay cannot rebuild is timed as before
             return None
-        if not same:
-            return None  # (the pinned choice would miss, and the public call decide afresh)
-        routes: dict = {}
-        memo, cold = _Choices(routes), _Choices(routes, per_call=True)
-        memo[call.key] = Choice(backend, dict(cfg), "tuning")
-        decisions = (routes, memo, cold)
+        return (self.public, args, kwargs) if same else None
+
+    def _pinned_public(self, backend: Backend, cfg: dict, call: Call,
+                       public: Callable[..., Any], args: tuple,
+                       kwargs: dict) -> Callable[[], Any]:
+        """The public function on this call with the op's decisions pinned to backend/cfg (a
+        settled choice in a fresh set of decisions, put in place before each call). Only for a
+        run timed alone: an op under autograd times its backward too, which the public
+        function does not run. _settle restores the op's own decisions afterwards."""
+        decisions = fresh_decisions()
+        decisions[1][call.key] = Choice(backend, dict(cfg), "tuning")
 
         def run_as_the_program_would() -> Any:
-            self.torch_routes, self._memo, self._cold = decisions
+            self.decisions = decisions
             return public(*args, **kwargs)
 
         run_as_the_program_would.decisions = decisions  # type: ignore[attr-defined]
