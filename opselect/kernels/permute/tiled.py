@@ -401,10 +401,21 @@ class TiledBackend(_TritonBackend):
             # 5 calls; 1805x518x4 float16 by (1, 0, 2), whose 4 kept float16 move as one unit:
             # 9 us against 24).
             general[0], general[2] = general[2], general[0]
-        if call.tile is not None and _plan(call).narrow:
-            return [{"NARROW": True, "TILE_BYTES": 16384, "num_warps": 4, "TPP": 2 if big else 1},
-                    {"NARROW": True, "TILE_BYTES": 32768, "num_warps": 8, "TPP": 1},
-                    general[0], general[1]]
+        plan = _plan(call) if call.tile is not None else None
+        if plan is not None and plan.narrow:
+            narrow = [{"NARROW": True, "TILE_BYTES": 16384, "num_warps": 4, "TPP": 2 if big else 1},
+                      {"NARROW": True, "TILE_BYTES": 32768, "num_warps": 8, "TPP": 1}]
+            if plan.narrow == "out" and any(stride % 16 for _, stride in plan.b_dims):
+                # The narrow kernel loads its rows at the input strides of the narrow group;
+                # unless each is a multiple of 16 elements (the only divisibility Triton is told
+                # of) those loads are not vectorised. H200 sweep of narrow transposes of 8-128 MB
+                # (benchmarks/NOTES.md): 6 of the 7 such calls ran the narrow tile 1.17-2.96x
+                # slower than the general one (3 x 44739242 uint8: 377 us against 127), the 7th
+                # 1.04x; one random call went the other way (4 x 2426100 bfloat16: narrow 0.88x).
+                # With aligned rows, or the narrow group on the input side, the narrow tile was
+                # within 5% of the best, and up to 2.8x faster than the general one on uint8.
+                return [general[0], general[1], *narrow]
+            return [*narrow, general[0], general[1]]
         return general
 
     @staticmethod
