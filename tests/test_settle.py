@@ -44,6 +44,29 @@ def test_time_interleaved_counts_host_time_and_takes_turns():
     assert timed == ["quick", "slow", "slow", "quick", "quick", "slow"], order
 
 
+def test_time_interleaved_repeats_passes_until_the_times_settle():
+    """A candidate slowed while the machine settles (its first calls) must not lose to one that
+    is slower once settled: passes repeat until they agree, and each candidate keeps its lowest
+    median. One pass alone ranks them the wrong way round."""
+    calls = {"settling": 0}
+
+    def settling():
+        calls["settling"] += 1
+        time.sleep(0.006 if calls["settling"] <= 3 else 0.001)
+
+    def steady():
+        time.sleep(0.003)
+
+    items = [("op/settling {}", settling), ("op/steady {}", steady)]
+    cpu = torch.device("cpu")
+    first_s, steady_s = tuning_mode.time_interleaved(items, cpu, rounds=3, passes=1)
+    assert first_s > steady_s  # the warm-up call and 2 of 3 rounds ran slow
+    calls["settling"] = 0
+    settled_s, steady_s = tuning_mode.time_interleaved(items, cpu, rounds=3, passes=4)
+    assert settled_s < 0.002 < 0.003 <= steady_s
+    assert calls["settling"] >= 1 + 3 * 2  # the warm-up, then at least two passes
+
+
 def _h200_model_on_the_cpu(monkeypatch):
     """The cold model of an H200 for the interpreter's device: on the CPU's own constants the
     model picks torch for almost every call, and these tests need choices that differ."""
