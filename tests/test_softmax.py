@@ -228,6 +228,11 @@ def test_cooperative_split_limits(cpu_triton, monkeypatch):
     assert "COOP_CHUNK" not in sm.OP.backend("online").configs(call)[0]
     assert sm.coop_split(gpu_call(50257, 132), 8192) == 7
     assert sm.coop_split(gpu_call(16384, 132), 16384) is None  # one chunk: that is fused's job
+    # The cold model runs the smallest chunk a row takes (bench_random on the H200: 4096 x 4
+    # warps tuned on 11 of 17 cooperative calls, 16384 on none).
+    assert sm.OnlineBackend.coop_configs(gpu_call(66117, 132))[0] == {"COOP_CHUNK": 4096,
+                                                                      "num_warps": 4}
+    assert sm.OP.backend("online").configs(gpu_call(66117, 132))[0]["COOP_CHUNK"] == 4096
 
 
 def test_cooperative_config_outside_its_limits(cpu_triton, monkeypatch):

@@ -110,6 +110,12 @@ TORCH_SPATIAL_STEP_S = 0.3e-6
 #: costs at most a few tens of ns there.
 TORCH_SPATIAL_CACHED_STEP_S = 0.03e-6
 TORCH_SPATIAL_L1_BYTES = 64 * 1024
+#: ... and up to about 1 MB (as float32), whose lines stay near the SMs: seven random calls of
+#: 88-576 KB on the H200 (bench_random seeds 0-7: 101x323 and 391x70 over dim 0, 243x60x9 bf16
+#: over dim 1, ...) took 0.06-0.12 us a step, host time taken out; 0.3 made torch 2.5-3x too slow
+#: there and sent 243x60x9 to strided at 2.0x torch's time.
+TORCH_SPATIAL_SMALL_STEP_S = 0.1e-6
+TORCH_SPATIAL_SMALL_BYTES = 1 << 20
 #: Threads an SM holds at once (Ampere and Hopper): how many columns torch's spatial kernels walk
 #: at the same time.
 SM_THREADS = 2048
@@ -328,7 +334,9 @@ def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> floa
     waves = math.ceil(outer * inner * dim_threads / (SM_THREADS * model.sm_count))
     # A step waits for a load; only a tensor small enough for an SM's L1 makes that cheap (one
     # of 16 MB, in L2, still took 0.44 us a step: 16x4Kx64 fp32 over dim 1, 337 us on the H200).
-    step = (TORCH_SPATIAL_CACHED_STEP_S if outer * n * inner * 4 <= TORCH_SPATIAL_L1_BYTES
+    size = outer * n * inner * 4
+    step = (TORCH_SPATIAL_CACHED_STEP_S if size <= TORCH_SPATIAL_L1_BYTES
+            else TORCH_SPATIAL_SMALL_STEP_S if size <= TORCH_SPATIAL_SMALL_BYTES
             else TORCH_SPATIAL_STEP_S)
     return waves * passes * _cdiv(n, dim_threads) * step
 
@@ -420,12 +428,15 @@ def multirow(call, model):
                             {**parts, "memory": max(memory, latency)})
 
 
-#: Time a wave of cooperative programs spends waiting for the row's other chunks (a guess: a few
-#: polls of an L2 atomic after the slowest sibling's load).
+#: Time a wave of cooperative programs of 16K-element chunks spends waiting for the row's other
+#: chunks (a guess: a few polls of an L2 atomic after the slowest sibling's load) ...
 COOP_WAIT_S = 2e-6
+#: ... which scales with the chunk, as the sibling's load does (float64 chunks count double).
+COOP_WAIT_CHUNK = 16384
 
 
-def online(call, model, *, split: int, cooperative: bool = False):
+def online(call, model, *, split: int, cooperative: bool = False,
+           chunk: int = COOP_WAIT_CHUNK):
     op = _name(call)
     if cooperative:
         # One read and one write; the programs of a row wait for each other (a few us per wave
@@ -437,7 +448,8 @@ def online(call, model, *, split: int, cooperative: bool = False):
         programs = call.outer * split
         eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
-        parts["sync"] = COOP_WAIT_S * math.ceil(programs / (2 * model.sm_count))
+        parts["sync"] = (COOP_WAIT_S * chunk / COOP_WAIT_CHUNK
+                         * math.ceil(programs / (2 * model.sm_count)))
         return _triton_estimate(call, model, "online", host, parts)
     if split == 1:
         host = _host(call, model)
