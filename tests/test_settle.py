@@ -123,6 +123,39 @@ def test_a_winner_by_device_time_that_loses_in_turns_is_not_chosen(cpu_triton, m
     assert again.source == "cache" and again.choice == decision.choice
 
 
+def test_the_cold_choice_keeps_its_first_config_unless_the_tuned_one_wins_in_turns(
+        cpu_triton, monkeypatch):
+    """Stage 1 (device time, faked here) ranks a later config of the cold model's backend first,
+    but that config spends 0.2 s of host time a call (20x the interpreted kernel): timed in turns against the first config
+    (the one the cold choice runs) it loses, so the record keeps the first config."""
+    _h200_model_on_the_cpu(monkeypatch)
+    op = get_op("isin")
+    a, b = torch.arange(1024, device=cpu_triton) % 100, torch.arange(8, device=cpu_triton)
+    call = op.prepare(a, b)
+    cold = op.decide(call, tune=False)
+    assert cold.source == "model" and cold.choice != "torch", cold.choice
+    backend = op.backend(cold.choice)
+    configs = [dict(c) for c in backend.configs(call)]
+    assert len(configs) >= 2 and cold.config == configs[0]
+    slow = configs[1]
+    real_run = backend.run
+
+    def host_heavy(call, config):
+        if dict(config) == slow:
+            time.sleep(0.2)
+        return real_run(call, config)
+
+    monkeypatch.setattr(backend, "run", host_heavy)
+    monkeypatch.setattr(tuning_mode, "measure_safely",
+                        lambda fn, device, what, **kw: 1e-9 if what.endswith(f"/{cold.choice} "
+                                                                               f"{slow}") else 1e-3)
+    with tuning():
+        assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    # (The interpreter makes torch's op the choice; what matters is the backend's config.)
+    settled = opselect.explain("isin", a, b, show=False).candidate(cold.choice)
+    assert settled.config == configs[0] and settled.measured_s < 0.1, settled
+
+
 def test_cold_memo_stays_bounded(cpu_triton, monkeypatch):
     """A program of ever new shapes does not grow the per-call memo without end."""
     from opselect.dispatch import op as op_module

@@ -404,7 +404,9 @@ class Op:
 
     def _settle(self, able: list[Candidate], call: Call) -> dict[str, float]:
         """Stage 2 of measuring (tuning_mode.time_interleaved): seconds per call of each
-        candidate's configuration in turns with the others; inf for one that failed before.
+        candidate's configuration in turns with the others; inf for one that failed before. The
+        cold model's choice is timed with its first configuration too, and a candidate keeps
+        whichever of its configurations won (its `config` is set to it).
 
         Each candidate is timed through the public function with the op's decisions pinned to
         it (_pinned_public), where the op can replay its call: a choice of torch's op is then
@@ -412,24 +414,37 @@ class Op:
         launch, as the program will pay them. Timing the backends' run() alone left out that
         difference (H200, bench_random medians: 2-3 us on topk and softmax calls, 9 on
         permute's), so on calls of 20 us a Triton backend that won by 3% then lost by 15%."""
-        items, names = [], []
+        items, entries = [], []
         public = self._public_replay(call)
+        cold = choose(able, lambda c: c.predicted_s)  # the choice tuning must not make worse
         saved = self.decisions
         try:
             for c in able:
                 if c.measured_s is not None and math.isinf(c.measured_s):
                     continue  # failed in stage 1 (or when it was recorded): never chosen
-                cfg = dict(c.config or {})
                 backend = self._by_name[c.name]
-                fn = self._timed_run(backend, cfg, call)
-                if public is not None and _times_the_run_alone(fn):
-                    fn = self._pinned_public(backend, cfg, call, *public)
-                items.append((f"{self.name}/{c.name} {cfg}", fn))
-                names.append(c.name)
-            times = dict(zip(names, _tuning.time_interleaved(items, _device_of(call))))
+                configs = [dict(c.config or {})]
+                first = dict(backend.configs(call)[0])
+                if c is cold and first not in configs:
+                    # The cold choice runs the backend's first configuration; stage 1's winner
+                    # by device time replaces it only if it also wins here (H200: a strided
+                    # softmax's tuned config ran 5% slower back to back than its first one).
+                    configs.append(first)
+                for cfg in configs:
+                    fn = self._timed_run(backend, cfg, call)
+                    if public is not None and _times_the_run_alone(fn):
+                        fn = self._pinned_public(backend, cfg, call, *public)
+                    items.append((f"{self.name}/{c.name} {cfg}", fn))
+                    entries.append((c, cfg))
+            times = _tuning.time_interleaved(items, _device_of(call))
         finally:
             self.decisions = saved
-        return {c.name: times.get(c.name, math.inf) for c in able}
+        best: dict[str, float] = {c.name: math.inf for c in able}
+        for (c, cfg), t in zip(entries, times):
+            if t < best[c.name]:
+                best[c.name] = t
+                c.config = cfg
+        return best
 
     def _public_replay(self, call: Call) -> tuple[Callable[..., Any], tuple, dict] | None:
         """(public function, args, kwargs) that answer this call as the program does; None
