@@ -424,12 +424,13 @@ class Op:
                     continue  # failed in stage 1 (or when it was recorded): never chosen
                 backend = self._by_name[c.name]
                 configs = [dict(c.config or {})]
-                first = dict(backend.configs(call)[0])
-                if c is cold and first not in configs:
+                if c is cold:
                     # The cold choice runs the backend's first configuration; stage 1's winner
                     # by device time replaces it only if it also wins here (H200: a strided
                     # softmax's tuned config ran 5% slower back to back than its first one).
-                    configs.append(first)
+                    first = dict(backend.configs(call)[0])
+                    if first not in configs:
+                        configs.append(first)
                 for cfg in configs:
                     fn = self._timed_run(backend, cfg, call)
                     if public is not None and _times_the_run_alone(fn):
