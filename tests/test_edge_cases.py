@@ -255,6 +255,12 @@ REJECTS = {
     "isin": lambda d: ((torch.isin, ops.isin), (_sample(d), _sample(d)), {}),
     "isin with int64": lambda d: ((torch.isin, ops.isin), (_sample(d), _sample(torch.int64)), {}),
     "isin of a scalar": lambda d: ((torch.isin, ops.isin), (_sample(d), True), {}),
+    # torch answers an empty `elements` before it promotes, whatever the other dtype
+    "empty isin with int64": lambda d: ((torch.isin, ops.isin),
+                                        (_sample(d)[:0], _sample(torch.int64)), {}),
+    "isin with an empty int64": lambda d: ((torch.isin, ops.isin),
+                                           (_sample(d), _sample(torch.int64)[:0]), {}),
+    "empty isin of an int": lambda d: ((torch.isin, ops.isin), (_sample(d)[:0], 3), {}),
     "topk": lambda d: ((torch.topk, ops.topk), (_sample(d), 2), {}),
     "softmax": lambda d: ((torch.softmax, ops.softmax), (_sample(d), 0), {}),
     "log_softmax": lambda d: ((torch.log_softmax, ops.log_softmax), (_sample(d), 0), {}),
@@ -276,7 +282,11 @@ def test_rejected_as_torch_rejects(case, dtype):
     except Exception as exc:  # noqa: BLE001 - whatever torch raises is the reference
         torch_error = exc
     if torch_error is None:
-        ours(*args, **kwargs)
+        want, got = torch_fn(*args, **kwargs), ours(*args, **kwargs)
+        for w, g in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, got)),
+                        strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert torch.equal(g, w)
         return
     with pytest.raises(type(torch_error)):
         ours(*args, **kwargs)

@@ -111,6 +111,10 @@ def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
         raise TorchOnlyCall("isin: a quantized argument; opselect's kernels take plain tensors")
     if e_is_t and t_is_t:
         dtype = elements.dtype
+        if test_elements.dtype is not dtype and elements.numel() == 0:
+            # torch answers an empty `elements` with an empty result before promoting, so a pair
+            # it cannot promote (uint16-64 or float8 against another dtype) is no error there.
+            raise TorchOnlyCall("isin: elements is empty; torch answers without promoting")
         if test_elements.dtype is not dtype:
             if elements.device.type == "cuda":
                 # torch's CUDA isin flattens both tensors before comparing: a 0-d tensor
@@ -128,6 +132,8 @@ def _normalise(elements, test_elements) -> tuple[torch.Tensor, torch.Tensor]:
         other = test_elements if e_is_t else elements
         if isinstance(other, bool) or not isinstance(other, (int, float)):
             _as_tensor(other, "test_elements" if e_is_t else "elements", ref.dtype, ref.device)
+        if e_is_t and ref.numel() == 0:
+            raise TorchOnlyCall("isin: elements is empty; torch answers without promoting")
         dtype = torch.result_type(ref, other)
         if e_is_t:
             test_elements = _as_tensor(other, "test_elements", dtype, ref.device)
