@@ -81,11 +81,30 @@ class Fussy(Backend):
         return Estimate(2e-3)
 
 
+class Reports(_Cheap):
+    """Writes what its process looks like (working directory, isolated mode, environment, import
+    path) as JSON to $OPSELECT_TEST_REPORT, then answers: how the helper is started, seen from
+    inside it."""
+
+    name = "reports"
+
+    def run(self, call, config):
+        import json
+        import sys
+
+        path = os.environ.get("OPSELECT_TEST_REPORT")
+        if path:
+            with open(path, "w") as f:
+                json.dump({"cwd": os.getcwd(), "isolated": sys.flags.isolated,
+                           "env": sorted(os.environ), "path": sys.path}, f)
+        return call.x + call.x
+
+
 def sample(shapes, dtype, options, device):
     return (torch.randn(shapes[0], device=device).to(dtype),), {}
 
 
 OP = register(Op(NAME, prepare, [
     TorchBackend(lambda call: call.x * 2, lambda call, model: Estimate(1e-3)),
-    Aborts(), Raises(), Doubles(), Fussy(),
+    Aborts(), Raises(), Doubles(), Fussy(), Reports(),
 ], sample=sample, replay=lambda call: ((call.x,), {})))

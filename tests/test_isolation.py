@@ -3,7 +3,13 @@ process (opselect/dispatch/isolation.py), which dies instead of the user's."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,9 +80,13 @@ def test_a_helper_that_stops_reading_does_not_block_the_caller(monkeypatch):
     import sys
 
     monkeypatch.setattr(isolation, "TIMEOUT_S", 1.0)
-    monkeypatch.setattr(isolation._Child, "_start", lambda self: subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    # it says it is ready (with the op), then never reads a request
+    ready = ("import json, struct, sys, time; "
+             f"d = json.dumps({{'ready': True, 'ops': [{isolation_ops.NAME!r}], 'blobs': []}})"
+             ".encode(); sys.stdout.buffer.write(struct.pack('<Q', len(d)) + d); "
+             "sys.stdout.flush(); time.sleep(60)")
+    monkeypatch.setattr(isolation._Child, "_start", lambda self, modules: subprocess.Popen(
+        [sys.executable, "-c", ready], stdin=subprocess.PIPE, stdout=subprocess.PIPE))
     op = get_op(isolation_ops.NAME)
     call = op.prepare(torch.zeros(1 << 20))  # 4 MB: far more than a pipe buffers
     assert isolation.first_runs(op, [("doubles", {})], call) == \
@@ -102,3 +112,92 @@ def test_tensors_travel_as_they_are():
     expanded = torch.tensor([1.0, 2.0]).expand(3, 2)
     enc = isolation._Encoder()
     assert torch.equal(isolation._decode(enc.encode(expanded), enc.blobs), expanded)
+
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+OTHER_UID = 65534  # nobody
+
+
+def _give_to_another_user(path: Path) -> None:
+    """As root, make a planted tree another user's, as an attacker would have left it."""
+    if IS_ROOT:
+        for root, dirs, files in os.walk(path):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, OTHER_UID, OTHER_UID)
+
+
+def test_a_package_planted_in_the_working_directory_never_runs(tmp_path, monkeypatch):
+    """Another user plants opselect/, torch/, sitecustomize.py ... in a directory; a program that
+    tunes is run from there (as root, where the test runs as root): nothing planted runs, and
+    the first runs still happen in the helper."""
+    planted = tmp_path / "their-directory"
+    marker = tmp_path / "planted-code-ran"
+    code = f"open({str(marker)!r}, 'a').write('ran as uid %d\\n' % __import__('os').getuid())\n"
+    for package in ("opselect", "torch", "numpy", "triton", "json"):
+        (planted / package).mkdir(parents=True)
+        (planted / package / "__init__.py").write_text(code)
+    for module in ("sitecustomize", "usercustomize", "struct", "isolation_ops"):
+        (planted / f"{module}.py").write_text(code)
+    _give_to_another_user(planted)
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("PYTHONSTARTUP", str(planted / "sitecustomize.py"))
+    isolation.shutdown()
+    op = get_op(isolation_ops.NAME)
+    call = op.prepare(torch.arange(8.0))
+    assert isolation.first_runs(op, [("doubles", {}), ("raises", {})], call) == \
+        {1: "error: RuntimeError: this backend always fails"}
+    assert not marker.exists(), marker.read_text()
+
+
+def test_the_helper_runs_isolated_in_a_private_directory(tmp_path, monkeypatch):
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("OPSELECT_TEST_REPORT", str(report))
+    monkeypatch.setenv("SOME_SECRET_TOKEN", "not for the helper")
+    monkeypatch.chdir(tmp_path)
+    isolation.shutdown()
+    op = get_op(isolation_ops.NAME)
+    assert isolation.first_runs(op, [("reports", {})], op.prepare(torch.ones(3))) == {}
+    seen = json.loads(report.read_text())
+    assert seen["isolated"] == 1
+    assert "SOME_SECRET_TOKEN" not in seen["env"] and "PYTHONPATH" not in seen["env"]
+    assert "OPSELECT_TEST_REPORT" in seen["env"]  # opselect's own switches travel
+    assert Path(seen["cwd"]).name.startswith("opselect-helper-")
+    assert os.stat(seen["cwd"]).st_mode & 0o777 == 0o700
+    assert str(tmp_path) not in seen["path"] and "" not in seen["path"]
+    isolation.shutdown()
+    assert not os.path.exists(seen["cwd"])  # removed with the helper
+
+
+def test_a_request_names_an_op_never_a_module(monkeypatch):
+    """The helper imports the modules it was started with; a request for an op it does not have
+    is refused there (and such an op's first runs happen in the caller's process)."""
+    isolation.shutdown()
+    op = get_op(isolation_ops.NAME)
+    call = op.prepare(torch.ones(3))
+    assert isolation.first_runs(op, [("doubles", {})], call) == {}
+    request = {"module": "os", "op": "no_such_op", "backend": "torch", "config": {}, "args": [],
+               "kwargs": {}}
+    status, detail = isolation._child.run(request, [], -1)
+    assert status == "unavailable" and "does not have the op 'no_such_op'" in detail
+
+
+def test_the_helper_leaves_no_file_open(tmp_path):
+    """Starting, using and stopping the helper under -X dev (ResourceWarning shown): nothing
+    unclosed."""
+    script = textwrap.dedent(f"""
+        import os, warnings
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import torch, isolation_ops
+        from opselect.dispatch import get_op, isolation
+        op = get_op(isolation_ops.NAME)
+        assert isolation.first_runs(op, [("aborts", {{}}), ("doubles", {{}})],
+                                    op.prepare(torch.ones(3))) == {{0: "crashed: killed by SIGABRT"}}
+        isolation.shutdown()
+        """)
+    result = subprocess.run([sys.executable, "-X", "dev", "-W", "always::ResourceWarning", "-c",
+                             script], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OPSELECT_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert "ResourceWarning" not in result.stderr, result.stderr

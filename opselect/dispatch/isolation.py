@@ -7,13 +7,22 @@ tune cache has no timing of it) first runs once in a helper process. If that pro
 candidate is ranked last, with one warning naming it and how it died, and the user's process goes
 on; candidates that ran there are then measured in-process as before.
 
-The helper is one child process per user process (`python -m opselect.dispatch.isolation_child`),
-started on first need (a few seconds: it imports torch and opselect), reused for every later first
-run and started again after a crash. It is not a multiprocessing child: those re-import the
-user's __main__ module, which would run the user's program again. Requests go over the child's
-stdin as a JSON header and raw tensor bytes (inputs are copied: the child never sees the user's
-memory, and a kernel that scribbles cannot touch it); nothing is pickled. The child imports the
-module that defines the op (prepare's module), so ops defined outside opselect work too.
+The helper is one child process per user process, started on first need (a few seconds: it
+imports torch and opselect), reused for every later first run and started again after a crash. It
+is not a multiprocessing child: those re-import the user's __main__ module, which would run the
+user's program again. Requests go over the child's stdin as a JSON header and raw tensor bytes
+(inputs are copied: the child never sees the user's memory, and a kernel that scribbles cannot
+touch it); nothing is pickled.
+
+The helper runs code only from where this process already does. Tuning may run as root from any
+working directory, so the helper is started isolated (`python -I`: no working directory or script
+directory on its path, no PYTHON* variables, no user site-packages) with an explicit import path:
+the directory this opselect was imported from, then this process's own sys.path minus relative
+entries and the working directory. It runs in a private temporary directory, with an environment
+reduced to what torch, Triton and opselect read (_KEPT_ENV). It imports opselect and the modules
+that registered this process's other ops, a table fixed when it starts (on its command line);
+a request names an op of that table, never a module. An op the helper does not have (defined in
+__main__, say) has its first runs in this process, as before isolation.
 
 OPSELECT_TUNE_ISOLATE=0 turns this off (a candidate then runs in the user's process straight
 away); OPSELECT_TUNE_ISOLATE_TIMEOUT (seconds, default 300) bounds one first run, compile
@@ -26,13 +35,17 @@ import atexit
 import json
 import math
 import os
+import re
 import select
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -42,6 +55,18 @@ TIMEOUT_S = float(os.environ.get("OPSELECT_TUNE_ISOLATE_TIMEOUT", "300"))
 _HEADER = struct.Struct("<Q")  # the length of the JSON header that follows
 #: a request's header is small (arguments, shapes); one far larger is not ours
 MAX_HEADER = 1 << 20
+#: what the helper's environment keeps: names, and prefixes of names, that torch, Triton, the CUDA
+#: driver and opselect read (OPSELECT_* switches change what a backend runs, so they must match)
+_KEPT_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR", "TEMP",
+                       "TMP", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "CC", "CXX", "OMP_NUM_THREADS",
+                       "MKL_NUM_THREADS", "SYSTEMROOT"})
+_KEPT_ENV_PREFIXES = ("OPSELECT_", "TRITON_", "CUDA_", "NVIDIA_", "CUBLAS_", "CUDNN_", "TORCH_",
+                      "PYTORCH_", "TORCHINDUCTOR_", "HIP_", "ROCR_", "HSA_", "LC_")
+#: the helper's first lines: its import path and its modules come on its command line
+_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+         "from opselect.dispatch.isolation_child import serve; "
+         "sys.exit(serve(json.loads(sys.argv[2])))")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class _Encoder:
@@ -79,7 +104,7 @@ class _Encoder:
 def _decode(value: Any, blobs: list[bytes]) -> Any:
     if isinstance(value, dict):
         if "tensor" in value:
-            dtype = getattr(torch, value["dtype"])
+            dtype = _dtype(value["dtype"])
             raw = blobs[value["tensor"]]
             flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else \
                 torch.empty(0, dtype=torch.uint8)
@@ -88,13 +113,20 @@ def _decode(value: Any, blobs: list[bytes]) -> Any:
             t = torch.as_strided(flat, value["size"], value["stride"], 0)
             return t.requires_grad_() if value.get("grad") else t
         if "dtype" in value:
-            return getattr(torch, value["dtype"])
+            return _dtype(value["dtype"])
         if "float" in value:
             return float(value["float"])
         if "seq" in value:
             items = [_decode(v, blobs) for v in value["seq"]]
             return tuple(items) if value["tuple"] else items
     return value
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a dtype: {name!r}")
+    return dtype
 
 
 def _write_message(stream, header: dict, blobs: list[bytes]) -> None:
@@ -126,6 +158,44 @@ def _read_message(stream) -> tuple[dict, list[bytes]]:
 
 
 # -- the parent's side ------------------------------------------------------------------------------
+def helper_path() -> list[str]:
+    """The helper's import path: the directory holding this opselect package first, then this
+    process's sys.path without '' and relative entries (they name the working directory) and
+    without the working directory itself."""
+    here = str(Path(__file__).resolve().parents[2])
+    cwd = os.path.realpath(os.getcwd())
+    out = [here]
+    for entry in sys.path:
+        if not isinstance(entry, str) or not os.path.isabs(entry) or entry in out:
+            continue
+        if os.path.realpath(entry) == cwd or not os.path.exists(entry):
+            continue
+        out.append(entry)
+    return out
+
+
+def helper_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k in _KEPT_ENV or k.startswith(_KEPT_ENV_PREFIXES)}
+    env.update(OPSELECT_TUNE="0", OPSELECT_TUNE_ISOLATE="0")
+    return env
+
+
+def op_modules() -> list[str]:
+    """The modules, besides opselect's, that registered this process's ops (the helper imports
+    them when it starts); ops defined in __main__ cannot be imported again and are left out."""
+    from .op import all_ops
+
+    names = set()
+    for op in all_ops():
+        module = getattr(op.prepare, "__module__", None) or ""
+        if module == "opselect" or module.startswith("opselect.") or module == "__main__":
+            continue
+        if _MODULE_NAME.fullmatch(module):
+            names.add(module)
+    return sorted(names)
+
+
 class _Child:
     """The helper process, started on first need and again after it dies."""
 
@@ -133,27 +203,59 @@ class _Child:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.inputs: int | None = None  # which call's arguments the running process holds
+        self.ops: frozenset[str] = frozenset()  # the ops the running helper can replay
+        self.modules: list[str] = []  # the modules it was started with
+        self.workdir: str | None = None
 
-    def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, OPSELECT_TUNE="0", OPSELECT_TUNE_ISOLATE="0",
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
-        return subprocess.Popen([sys.executable, "-m", "opselect.dispatch.isolation_child"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=env)
+    def _start(self, modules: list[str]) -> subprocess.Popen:
+        self.workdir = tempfile.mkdtemp(prefix="opselect-helper-")  # 0700, ours
+        return subprocess.Popen(
+            [sys.executable, "-I", "-c", _BOOT, json.dumps(helper_path()), json.dumps(modules)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            cwd=self.workdir, env=helper_environment())
+
+    def _ensure(self, op_name: str) -> str | None:
+        """A running helper that has op_name (started, or restarted with this process's op
+        modules, as needed); None, or why there is none."""
+        if self.proc is not None and self.proc.poll() is None and op_name in self.ops:
+            return None
+        modules = op_modules()
+        if self.proc is not None and self.proc.poll() is None and modules == self.modules:
+            return f"its helper process does not have the op {op_name!r}"
+        self._stop()
+        try:
+            self.proc = self._start(modules)
+        except OSError as exc:  # no permission to run Python here, no processes left
+            self._stop()
+            return str(exc)
+        self.modules = modules
+        ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT_S)
+        try:
+            if not ready:
+                raise EOFError
+            header, _ = _read_message(self.proc.stdout)
+        except (EOFError, OSError, ValueError):
+            code = self.proc.poll()
+            self._stop()
+            return f"it did not start ({_how(code) if code is not None else 'no answer'})"
+        self.ops = frozenset(header.get("ops") or ())
+        if op_name not in self.ops:
+            failed = header.get("failed") or {}
+            return f"its helper process does not have the op {op_name!r}" + (
+                f" ({'; '.join(f'{m}: {e}' for m, e in failed.items())})" if failed else "")
+        return None
 
     def run(self, request: dict, blobs: list[bytes], inputs: int) -> tuple[str, str]:
         """('ok', '') | ('error', message) | ('crashed', how) | ('timeout', '') |
-        ('unavailable', why): the helper process cannot be started here. `inputs` names the
-        call's arguments (request["args"], request["kwargs"] and the blobs): a process that
-        already holds them is sent only the backend and config (a call tunes a dozen configs,
-        and a 256 MB input through a pipe costs most of a second each time)."""
+        ('unavailable', why): the helper process cannot be started here, or cannot replay this
+        op. `inputs` names the call's arguments (request["args"], request["kwargs"] and the
+        blobs): a process that already holds them is sent only the backend and config (a call
+        tunes a dozen configs, and a 256 MB input through a pipe costs most of a second each
+        time)."""
         with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self.inputs = None
-                try:
-                    self.proc = self._start()
-                except OSError as exc:  # no permission to run Python here, no processes left
-                    return "unavailable", str(exc)
+            why = self._ensure(request["op"])
+            if why is not None:
+                return "unavailable", why
             proc = self.proc
             if self.inputs == inputs:
                 request = {k: v for k, v in request.items() if k not in ("args", "kwargs")}
@@ -179,8 +281,7 @@ class _Child:
                 if proc.poll() is None:
                     proc.kill()
                 code = proc.wait()
-                self.proc = None
-                self.inputs = None
+                self._stop()
                 if stuck.is_set():
                     return "timeout", f"it took no request within {TIMEOUT_S:g} s"
                 if isinstance(exc, ValueError):
@@ -188,22 +289,33 @@ class _Child:
                 return "crashed", _how(code)
             return ("ok", "") if header.get("ok") else ("error", str(header.get("error")))
 
-    def _stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-            self.inputs = None
+    def _stop(self, wait_s: float = 0.0) -> None:
+        """End the helper (given wait_s to leave on its own after its stdin closes), close its
+        pipes and remove its working directory."""
+        proc, self.proc = self.proc, None
+        self.inputs, self.ops = None, frozenset()
+        if proc is not None:
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            except OSError:
+                pass  # a broken pipe: it is gone already
+            try:
+                proc.wait(timeout=wait_s) if wait_s else None
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
     def close(self) -> None:
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
-                try:
-                    self.proc.stdin.close()
-                    self.proc.wait(timeout=5)
-                except (OSError, subprocess.TimeoutExpired):
-                    self.proc.kill()
-            self.proc = None
+            self._stop(wait_s=5.0)
 
 
 def _how(code: int | None) -> str:
@@ -219,6 +331,7 @@ def _how(code: int | None) -> str:
 
 _child = _Child()
 _calls_sent = 0  # numbers each call's arguments, for _Child.run
+_in_process: set[str] = set()  # ops the helper cannot replay (warned once each)
 atexit.register(lambda: _child.close())
 
 
@@ -239,11 +352,16 @@ def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any) -> dict[int, st
         return {}  # an argument that does not travel: run in-process as before
     failed = {}
     _calls_sent += 1
-    module = getattr(op.prepare, "__module__", "opselect")
     for i, ((name, _), config) in enumerate(zip(runs, configs)):
-        request = {"module": module, "op": op.name, "backend": name, "config": config, **payload}
+        request = {"op": op.name, "backend": name, "config": config, **payload}
         status, detail = _child.run(request, enc.blobs, _calls_sent)
         if status == "unavailable":
+            if "does not have the op" in detail:
+                if op.name not in _in_process:
+                    _in_process.add(op.name)
+                    warnings.warn(f"opselect: tuning runs the first runs of {op.name} in this "
+                                  f"process: {detail}", RuntimeWarning, stacklevel=4)
+                return {}
             ENABLED = False
             warnings.warn(f"opselect: tuning cannot start its first-run process ({detail}); "
                           "candidates run in this process from now on", RuntimeWarning,

@@ -1,19 +1,23 @@
 """The helper process of dispatch/isolation.py: runs each candidate's first run on a call the
-parent sends, and replies whether it finished (`python -m opselect.dispatch.isolation_child`)."""
+parent sends, and replies whether it finished.
+
+It is started as `python -I -c <isolation._BOOT> PATH MODULES`: PATH is its import path, MODULES
+the modules besides opselect that register ops (both decided by the parent). It imports those once,
+says which ops it has, then serves requests; a request names an op and a backend, never a module.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import torch
 
-from .isolation import _decode, _read_message, _write_message
-from .op import get_op
 
-
-def _serve() -> int:
-    import importlib
+def serve(modules: list[str]) -> int:
+    from .isolation import _decode, _read_message, _write_message
+    from .op import all_ops, get_op
 
     stdin = sys.stdin.buffer
     # Anything the kernels, the compiler or a driver prints must not corrupt the replies (or fill
@@ -23,6 +27,16 @@ def _serve() -> int:
     stdout = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    import opselect  # noqa: F401  - registers opselect's own ops
+
+    failed = {}
+    for module in modules if isinstance(modules, list) else []:
+        try:
+            importlib.import_module(str(module))
+        except Exception as exc:  # noqa: BLE001 - its ops run in the parent, which is told why
+            failed[str(module)] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    _write_message(stdout, {"ready": True, "ops": sorted(op.name for op in all_ops()),
+                            "failed": failed}, [])
     inputs: dict = {}  # the last call's arguments: later configs of the call arrive without them
     while True:
         try:
@@ -35,7 +49,6 @@ def _serve() -> int:
         else:
             inputs = {"args": request["args"], "kwargs": request["kwargs"], "blobs": blobs}
         try:
-            importlib.import_module(request["module"])
             op = get_op(request["op"])
             args = _decode(request["args"], blobs)
             kwargs = {k: _decode(v, blobs) for k, v in request["kwargs"].items()}
@@ -52,7 +65,3 @@ def _serve() -> int:
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which ranks it last
             reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         _write_message(stdout, reply, [])
-
-
-if __name__ == "__main__":
-    sys.exit(_serve())
