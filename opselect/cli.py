@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -199,11 +200,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         console.print(f"calibration for {cal.fingerprint.device}: "
                       + ", ".join(f"{k}={v:.3g}" for k, v in sorted(cal.constants.items())))
     of_op = f" of {args.op}" if args.op else ""
-    if total > n and args.limit:
-        console.print(f"{total} tune record(s){of_op}: the first {n} shown, {total - n} more "
-                      f"(--limit 0 shows all)", soft_wrap=True)
+    if args.limit and n >= args.limit and total > n:
+        summary = f"{n} of {total} tune record(s){of_op} shown (--limit 0 shows all)"
+    elif total > n:  # the rest did not validate (each kind of fault was warned about once)
+        summary = f"{n} tune record(s){of_op}; {total - n} invalid row(s) skipped"
     else:
-        console.print(f"{n} tune record(s){of_op}", soft_wrap=True)
+        summary = f"{n} tune record(s){of_op}"
+    console.print(summary, soft_wrap=True)
     return 0
 
 
@@ -268,7 +271,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .tune_cache import store
 
-    print(f"exported {store().patient().export(Path(args.file))} entries to {args.file}")
+    n = store().patient().export(Path(args.file))
+    # (to stderr when the export itself went to stdout)
+    print(f"exported {n} entries to {'standard output' if args.file == '-' else args.file}",
+          file=sys.stderr if args.file == "-" else sys.stdout)
     return 0
 
 
@@ -364,8 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="write the cache to one JSON file",
                         description="Write every valid cache entry to a JSON file (one entry per "
-                                    "line), to move a tuned cache to another machine.")
-    ex.add_argument("file")
+                                    "line), to move a tuned cache to another machine. An existing "
+                                    "file is replaced atomically; a device, FIFO, link or "
+                                    "directory is refused.")
+    ex.add_argument("file", help="the file to write, or - for standard output")
     ex.set_defaults(fn=cmd_export)
 
     im = sub.add_parser("import", help="load entries from an exported JSON file",
@@ -389,11 +397,29 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 1 a runtime failure (the cache cannot be written, an op failed); 2 a
     usage mistake (a bad flag, file, shape, dtype or device); 130 interrupted (what finished is
-    kept). Every error is one line on stderr; --debug adds the traceback."""
-    from .errors import CacheError, OpselectError
-
+    kept). Every error is one line on stderr, every warning too; --debug adds the traceback."""
+    as_command = argv is None  # the console script: warnings at exit are the command's too
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
+    if debug:
+        return _main(argv, debug)
+    # A warning is one line for a command-line user: its text, not the Python source line that
+    # raised it. (formatwarning, not showwarning: code that records warnings still sees them.)
+    plain, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        return _main(argv, debug)
+    finally:
+        if not as_command:
+            warnings.formatwarning = plain
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
+def _main(argv: list[str], debug: bool) -> int:
+    from .errors import CacheError, OpselectError
+
     command = "opselect"
     try:
         args = build_parser().parse_args(argv)

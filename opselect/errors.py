@@ -71,3 +71,18 @@ class CacheReadOnly(Exception):
 
 class CacheUnusable(Exception):
     """Not a database, corrupt, or not ours: give up on the file for this process."""
+
+
+class UntrustedPath(OpselectError):
+    """A tune cache path or file that another user could have planted or can change (see
+    tune_cache/trust.py): `path` is refused because of `reason`; `shareable` says whether
+    OPSELECT_CACHE_TRUST_SHARED=1 would accept it (a loose owner or mode, not a link or a special
+    file). The cache turns it into one warning; calls never see it."""
+
+    def __init__(self, path, reason: str, *, shareable: bool):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason, self.shareable = path, reason, shareable
+
+
+class NumberRefused(OpselectError, ValueError):
+    """A number in untrusted JSON past the bounds Python converts (tune_cache/bounded_json.py)."""

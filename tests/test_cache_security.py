@@ -307,7 +307,7 @@ def test_read_only_layer_reads_and_never_writes(isolated_cache, cpu_triton, fake
     call = get_op("isin").prepare(a, b)
     hashes = {bk.name: bk.source_hash for bk in get_op("isin").backends}
     assert set(layer.get_timings("isin", call.info, call.key[1:], hashes)) == set(hashes)
-    with pytest.warns(CacheWarning, match="cannot write .* is read-only"):
+    with pytest.warns(CacheWarning, match="tune.sqlite3 is read-only"):
         layer.put_timings("isin", call.info, ("new",), {"torch": (1e-3, {}, "h")})
     assert layer.get_timings("isin", call.info, ("new",), {"torch": "h"})  # from memory
     layer.close()
@@ -503,7 +503,8 @@ def test_a_call_returns_while_another_process_holds_the_lock(isolated_cache, tmp
         assert first["right"] and first["opened"]
         assert first["call_s"] < CALL_BOUND_S and first["put_s"] < CALL_BOUND_S
         assert first["queued"] == 1
-        expected = ["cannot write"] if journal == "wal" else ["cannot read", "cannot write"]
+        # a write that meets the lock is queued without a warning (nothing is lost)
+        expected = [] if journal == "wal" else ["cannot read"]
         assert [m.split(f"{db} now")[0].split(": ")[-1].strip() for m in first["warnings"]] \
             == expected, first["warnings"]
         assert first["held_source"] == ("cache" if journal == "wal" else "model")
@@ -534,6 +535,7 @@ def _writer(directory: str, p: int, queued) -> None:
     reset()
     info = device_info(torch.device("cpu"))
     st = store()
+    warnings.simplefilter("error", CacheWarning)  # a queued write is no reason to warn
     for i in range(WRITES):
         st.put_timings("isin", info, ("shared",), {f"w{p}-{i}": (1e-3 + i, {"B": i}, "h")})
         st.put_timings("isin", info, ("own", p), {f"b{i}": (1e-3, {}, "h")})
@@ -659,7 +661,7 @@ def test_import_show_and_export_of_many_records(tmp_path, capsys):
     assert "imported 3000 entries" in capsys.readouterr().out
     assert main(["show", "--limit", "5"]) == 0
     out = capsys.readouterr().out
-    assert "3000 tune record(s): the first 5 shown, 2995 more" in out
+    assert "5 of 3000 tune record(s) shown (--limit 0 shows all)" in out
     assert main(["show", "--op", "topk", "--limit", "0"]) == 0
     out = capsys.readouterr().out
     assert "1500 tune record(s) of topk" in out and "isin" not in out.split("tune cache")[1]
@@ -698,8 +700,8 @@ def test_import_into_a_cache_that_cannot_be_written_fails(isolated_cache, tmp_pa
 
 
 def test_export_to_a_path_that_cannot_be_written_fails(tmp_path, capsys):
-    for target in (tmp_path / "missing-dir" / "x.json", tmp_path):
-        line = one_line_error(capsys, ["export", str(target)], 1)
+    for target, code in ((tmp_path / "missing-dir" / "x.json", 1), (tmp_path, 2)):
+        line = one_line_error(capsys, ["export", str(target)], code)  # (a directory: a usage error)
         assert str(target) in line
     assert not [p for p in tmp_path.iterdir() if p.is_file()]  # no stray temporary file
 

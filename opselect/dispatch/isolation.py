@@ -46,7 +46,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -181,13 +181,11 @@ def helper_environment() -> dict[str, str]:
     return env
 
 
-def op_modules() -> list[str]:
-    """The modules, besides opselect's, that registered this process's ops (the helper imports
-    them when it starts); ops defined in __main__ cannot be imported again and are left out."""
-    from .op import all_ops
-
+def op_modules(ops: Iterable[Any]) -> list[str]:
+    """The modules, besides opselect's, that registered these ops (the helper imports them when
+    it starts); ops defined in __main__ cannot be imported again and are left out."""
     names = set()
-    for op in all_ops():
+    for op in ops:
         module = getattr(op.prepare, "__module__", None) or ""
         if module == "opselect" or module.startswith("opselect.") or module == "__main__":
             continue
@@ -214,12 +212,12 @@ class _Child:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             cwd=self.workdir, env=helper_environment())
 
-    def _ensure(self, op_name: str) -> str | None:
-        """A running helper that has op_name (started, or restarted with this process's op
-        modules, as needed); None, or why there is none."""
+    def _ensure(self, op_name: str, ops: Iterable[Any]) -> str | None:
+        """A running helper that has op_name (started, or restarted with the modules of `ops`,
+        this process's registered ops, as needed); None, or why there is none."""
         if self.proc is not None and self.proc.poll() is None and op_name in self.ops:
             return None
-        modules = op_modules()
+        modules = op_modules(ops)
         if self.proc is not None and self.proc.poll() is None and modules == self.modules:
             return f"its helper process does not have the op {op_name!r}"
         self._stop()
@@ -245,7 +243,8 @@ class _Child:
                 f" ({'; '.join(f'{m}: {e}' for m, e in failed.items())})" if failed else "")
         return None
 
-    def run(self, request: dict, blobs: list[bytes], inputs: int) -> tuple[str, str]:
+    def run(self, request: dict, blobs: list[bytes], inputs: int,
+            ops: Iterable[Any] = ()) -> tuple[str, str]:
         """('ok', '') | ('error', message) | ('crashed', how) | ('timeout', '') |
         ('unavailable', why): the helper process cannot be started here, or cannot replay this
         op. `inputs` names the call's arguments (request["args"], request["kwargs"] and the
@@ -253,7 +252,7 @@ class _Child:
         tunes a dozen configs, and a 256 MB input through a pipe costs most of a second each
         time)."""
         with self.lock:
-            why = self._ensure(request["op"])
+            why = self._ensure(request["op"], ops)
             if why is not None:
                 return "unavailable", why
             proc = self.proc
@@ -335,10 +334,12 @@ _in_process: set[str] = set()  # ops the helper cannot replay (warned once each)
 atexit.register(lambda: _child.close())
 
 
-def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any) -> dict[int, str]:
+def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any,
+               ops: Iterable[Any] = ()) -> dict[int, str]:
     """Run each (backend name, config) once on the call in the helper process; returns {index
     in runs: reason} for those that crashed or raised there (the others ran fine). Returns {}
-    when isolation is off or the op cannot replay its calls (they then run in-process)."""
+    when isolation is off or the op cannot replay its calls (they then run in-process). `ops`:
+    every registered op (the helper imports the modules that define them; op among them)."""
     global ENABLED, _calls_sent
     if not ENABLED or getattr(op, "replay", None) is None or not runs:
         return {}
@@ -354,7 +355,7 @@ def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any) -> dict[int, st
     _calls_sent += 1
     for i, ((name, _), config) in enumerate(zip(runs, configs)):
         request = {"op": op.name, "backend": name, "config": config, **payload}
-        status, detail = _child.run(request, enc.blobs, _calls_sent)
+        status, detail = _child.run(request, enc.blobs, _calls_sent, [op, *ops])
         if status == "unavailable":
             if "does not have the op" in detail:
                 if op.name not in _in_process:

@@ -10,12 +10,13 @@ model, measuring) happens once per key and process.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..errors import BackendError
+from ..errors import BackendError, CacheWarning
 from . import isolation as _isolation
 from . import tuning_mode as _tuning
 from .backend import Backend
@@ -321,7 +322,14 @@ class Op:
                                      {c.name: self._by_name[c.name].source_hash for c in able})
         for c in able:
             if c.name in measured:
-                c.measured_s, c.config = measured[c.name]
+                seconds, config = measured[c.name]
+                # A record's config is data from a file, another rank or a server: only one the
+                # backend itself offers for this call is ever run (a planted one could ask a
+                # kernel for any block size); another is measured again.
+                if config in (dict(cfg) for cfg in self._by_name[c.name].configs(call)):
+                    c.measured_s, c.config = seconds, config
+                else:
+                    _warn_foreign_config(self.name, c.name, config)
         missing = [c for c in able if c.measured_s is None]
         tuned = False
         if tune and missing:
@@ -376,7 +384,7 @@ class Op:
         # that crashes (a segfault is no exception) is ranked last instead of ending the
         # user's process. torch's own op is not a candidate for that.
         crashed = _isolation.first_runs(
-            self, [(b.name, cfg) for b, cfg, _ in runs if b.name != "torch"], call)
+            self, [(b.name, cfg) for b, cfg, _ in runs if b.name != "torch"], call, all_ops())
         if crashed:
             others = [r for r in runs if r[0].name != "torch"]
             for i, why in crashed.items():
@@ -537,6 +545,19 @@ def _device_of(call: Call) -> Any:
 # Every op is registered by the time anyone can ask: importing any module of opselect first runs
 # the package's __init__, which imports ops.py and so every kernels/<op> package (dispatch never
 # imports the ops: they sit above it).
+_foreign_configs_told: set[tuple[str, str]] = set()
+
+
+def _warn_foreign_config(op: str, backend: str, config: dict[str, Any]) -> None:
+    if (op, backend) in _foreign_configs_told:
+        return
+    _foreign_configs_told.add((op, backend))
+    text = repr(config)
+    warnings.warn(f"opselect: ignoring a tune record's config of {op}/{backend} that the backend "
+                  f"does not offer for the call ({text[:200]}{'...' if len(text) > 200 else ''});"
+                  f" it is measured again when tuning", CacheWarning, stacklevel=4)
+
+
 _registry: dict[str, Op] = {}
 
 

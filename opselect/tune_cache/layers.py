@@ -107,7 +107,7 @@ def read_only_layers(spec: str | None = None) -> list[TuneStore]:
         path = Path(part).expanduser()
         if path.is_dir():
             layers.append(TuneStore(path, read_only=True))
-        elif path.is_file():
+        elif path.exists():  # (export_layer refuses anything but a regular file)
             layer = export_layer(path)
             if layer is not None:
                 layers.append(layer)

@@ -31,7 +31,8 @@ class Fingerprint(BaseModel):
 
 
 class Timing(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity anywhere (a number JSON cannot hold is not one we wrote)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: median seconds; None: the backend failed when measured (never choose it for this key)
     seconds: Optional[float] = Field(default=None, ge=0)
@@ -44,7 +45,7 @@ class Timing(BaseModel):
 
 
 class TuneRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1] = SCHEMA
     op: str
@@ -60,7 +61,7 @@ class TuneRecord(BaseModel):
 class Calibration(BaseModel):
     """Device constants measured by `opselect calibrate`, overriding the cost model's defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1] = SCHEMA
     fingerprint: Fingerprint

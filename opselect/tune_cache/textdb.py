@@ -17,13 +17,17 @@ Here:
   interrupted;
 - a write is a merge: read-modify-write in one BEGIN IMMEDIATE transaction. One that meets a lock is
   queued in memory (reads see it) and written at a later access, after a back-off, or at exit;
-- the directory and the file are checked as ssh checks ~/.ssh (trust.py) before the first access;
-  a trusted directory that this user cannot write is opened read-only.
+- the directory and the file are checked as ssh checks ~/.ssh (trust.py) before the first access,
+  every parent and link on the way included, and SQLite is given the resolved path; the database
+  and its -wal, -shm and -journal must be plain files (never a link); the file SQLite opened is
+  compared with the one checked (its device and inode). A trusted directory that this user
+  cannot write is opened read-only.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sqlite3
 import threading
@@ -35,9 +39,14 @@ from typing import Callable, Iterator, Optional
 
 from ..errors import CacheBusy, CacheError, CacheReadOnly, CacheUnusable, CacheWarning
 from .notices import warn_once
-from .trust import TRUST_SHARED_ENV, create_private_file, make_private_directory, untrusted_reason
+from .trust import (TRUST_SHARED_ENV, Untrusted, check_file, create_private_file, open_descriptors,
+                    trusted_directory)
+
+_log = logging.getLogger("opselect")
 
 FILE_NAME = "tune.sqlite3"
+#: the files SQLite keeps next to the database (rollback journal, write-ahead log, its index)
+COMPANIONS = ("-journal", "-wal", "-shm")
 #: the diskcache file of opselect before this store: never opened (it can hold pickles)
 LEGACY_FILE_NAME = "cache.db"
 MAX_KEY_CHARS = 4096
@@ -85,7 +94,7 @@ def _failure(exc: sqlite3.Error) -> Exception:
     if primary == 8 or (primary is None and "readonly" in text):
         return _ReadOnly(text)
     if primary == 14:
-        return _Unusable(f"cannot open the file: {text}")
+        return _Unusable(text)
     return _Unusable(f"{type(exc).__name__}: {text}")
 
 
@@ -109,6 +118,9 @@ class TextStore:
         #: why the file is not used, or not written (None when it is both read and written)
         self.problem: str | None = None
         self._opened = False
+        #: the database's resolved path (what SQLite opens) and the (device, inode) checked there
+        self._real: Path | None = None
+        self._identity: tuple[int, int] | None = None
         self._con: sqlite3.Connection | None = None
         self._pid = 0
         self._schema_ready = False
@@ -120,6 +132,7 @@ class TextStore:
         self._pending: dict[str, list[tuple[str | None, Change]]] = {}
         self._flush_after = 0.0
         self._flush_pause = FLUSH_PAUSE_S[0]
+        self._told_queued = False
         _LIVE.add(self)
 
     # -- opening ----------------------------------------------------------------------------------
@@ -131,45 +144,51 @@ class TextStore:
         try:
             self._inspect()
         except OSError as exc:
-            self._give_up(f"cannot open {self.directory} ({exc.strerror or exc})")
+            self._give_up(f"{self.directory} cannot be opened ({exc.strerror or exc})")
 
     def _inspect(self) -> None:
         d = self.directory
-        if not d.exists():
-            if self.read_only:
+        try:
+            real = trusted_directory(d, create=not self.read_only)
+            if real is None:
                 self.problem = f"{d} does not exist"
                 return
-            make_private_directory(d)
-        reason = untrusted_reason(d)
-        if reason:
-            return self._refuse(d, reason)
-        if (d / LEGACY_FILE_NAME).exists():
-            warn_once("legacy", f"ignoring {d / LEGACY_FILE_NAME}, the diskcache file of older "
-                                f"opselect versions: it is never opened (its rows can hold pickled "
-                                f"code); its results will be measured again. Delete it to silence "
-                                f"this warning")
-        for f in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
-            if f.exists():
-                reason = untrusted_reason(f)
-                if reason:
-                    return self._refuse(f, reason)
-        exists = self.path.exists()
-        if (not self.read_only and os.access(d, os.W_OK)
-                and (not exists or os.access(self.path, os.W_OK))):
-            create_private_file(self.path)
-            self.readable = self.writable = True
-        elif exists:
-            self.readable = True
-            self.problem = f"{self.path} is read-only"
-        else:
-            self.problem = f"{d} is not writable"
+            if (real / LEGACY_FILE_NAME).exists():
+                warn_once("legacy", f"ignoring {d / LEGACY_FILE_NAME}, the diskcache file of older "
+                                    f"opselect versions: it is never opened (its rows can hold "
+                                    f"pickled code); its results will be measured again. Delete "
+                                    f"it to silence this warning")
+            self._real = real / FILE_NAME
+            for suffix in COMPANIONS:
+                check_file(Path(f"{self._real}{suffix}"))
+            info = check_file(self._real)
+            if (not self.read_only and os.access(real, os.W_OK)
+                    and (info is None or os.access(self._real, os.W_OK))):
+                create_private_file(self._real)
+                info = check_file(self._real)  # (again: what was created, or found in its place)
+                self.readable = self.writable = True
+            elif info is not None:
+                self.readable = True
+                self.problem = f"{self.path} is read-only"
+            else:
+                self.problem = f"{d} is not writable"
+        except Untrusted as exc:
+            return self._refuse(exc)
+        if info is not None:
+            self._identity = (info.st_dev, info.st_ino)
 
-    def _refuse(self, path: Path, reason: str) -> None:
-        self.problem = f"{path} is not trusted ({reason})"
-        warn_once("untrusted", f"not using {path}: {reason}, so someone else may plant or change "
-                               f"its records. Make it yours and not writable by others (chown, "
-                               f"chmod go-w), or set {TRUST_SHARED_ENV}=1 to accept that risk; "
-                               f"tuning results are kept in memory for this process")
+    def _refuse(self, exc: Untrusted) -> None:
+        self.readable = self.writable = False
+        self.problem = f"{exc.path} is not trusted ({exc.reason})"
+        if exc.shareable:
+            advice = (f"so someone else may plant or change its records. Make it yours and not "
+                      f"writable by others (chown, chmod go-w), or set {TRUST_SHARED_ENV}=1 to "
+                      f"accept that risk")
+        else:
+            advice = ("so the cache could write into a file or directory that is not its own. "
+                      "Replace it with a directory or file of your own")
+        warn_once("untrusted", f"not using {exc.path}: {exc.reason}, {advice}; tuning results "
+                               f"are kept in memory for this process")
 
     def _give_up(self, message: str) -> None:
         self.readable = self.writable = False
@@ -180,14 +199,19 @@ class TextStore:
     def _connection(self) -> sqlite3.Connection:
         if self._con is not None and self._pid == os.getpid():
             return self._con
-        if self.writable:
-            con = sqlite3.connect(str(self.path), timeout=0, isolation_level=None,
-                                  check_same_thread=False)
-        else:
-            # Read-only: a WAL file whose -shm cannot be created opens only as immutable.
-            flags = "mode=ro&immutable=1" if self._immutable else "mode=ro"
-            con = sqlite3.connect(f"{self.path.resolve().as_uri()}?{flags}", uri=True, timeout=0,
-                                  isolation_level=None, check_same_thread=False)
+        # The resolved path, never the given one: nothing on it can be swapped by someone else.
+        # The file exists (made by _inspect), so SQLite is never asked to create one: mode=rw.
+        # Read-only: a WAL file whose -shm cannot be created opens only as immutable.
+        flags = "mode=rw" if self.writable else \
+            "mode=ro&immutable=1" if self._immutable else "mode=ro"
+        before = open_descriptors()
+        con = sqlite3.connect(f"{self._real.as_uri()}?{flags}", uri=True, timeout=0,
+                              isolation_level=None, check_same_thread=False)
+        try:
+            self._check_opened(before)
+        except BaseException:
+            con.close()
+            raise
         # Per connection, so no lock is taken. A file we did not write may define views or
         # triggers: let them call no function that has side effects. Deleted records are no
         # secret: do not overwrite them (builds that default secure_delete on rewrite every
@@ -197,6 +221,25 @@ class TextStore:
         self._con, self._pid = con, os.getpid()
         self._schema_ready = self._journal_checked = False
         return con
+
+    def _check_opened(self, before: dict[int, tuple[int, int]] | None) -> None:
+        """The file SQLite just opened is the one _inspect checked: a file or link put in its
+        place between the check and the open (possible only in a shared directory) is caught
+        here, before any statement reads or writes it. Raises _Unusable."""
+        try:
+            for suffix in COMPANIONS:
+                check_file(Path(f"{self._real}{suffix}"))
+            info = check_file(self._real)
+        except Untrusted as exc:
+            self._refuse(exc)
+            raise _Unusable(f"{exc.path} changed while it was opened ({exc.reason})") from None
+        opened = None
+        if before is not None:  # which file SQLite holds, by its descriptor
+            after = open_descriptors() or {}
+            opened = {ident for fd, ident in after.items() if before.get(fd) != ident}
+        if info is None or (info.st_dev, info.st_ino) != self._identity or \
+                (opened is not None and self._identity not in opened):
+            raise _Unusable(f"{self._real} was replaced while it was opened")
 
     def _drop_connection(self) -> None:
         con, self._con = self._con, None
@@ -304,7 +347,7 @@ class TextStore:
             warn_once("busy-read", f"cannot read {self.path} now ({exc}); calls use the cost "
                                    f"model until it can be read")
         except (_Unusable, _ReadOnly) as exc:
-            self._give_up(f"cannot open {self.path} ({exc})")
+            self._give_up(f"{self.path} cannot be opened ({exc})")
         return None
 
     def update(self, key: str, op: str | None, change: Change) -> None:
@@ -341,8 +384,8 @@ class TextStore:
             return
         if not self.writable:
             if self.readable:
-                warn_once("read-only", f"cannot write {self.problem}; tuning results are kept in "
-                                       f"memory for this process")
+                warn_once("read-only", f"{self.problem}, so tuning results are kept in memory "
+                                       f"for this process")
             return
         if not force and time.monotonic() < self._flush_after:
             return
@@ -353,17 +396,22 @@ class TextStore:
         except _Busy as exc:
             self._flush_after = time.monotonic() + self._flush_pause
             self._flush_pause = min(2 * self._flush_pause, FLUSH_PAUSE_S[1])
-            warn_once("busy-write", f"cannot write {self.path} now ({exc}); keeping the results "
-                                    f"in memory and writing them at a later access or at exit")
+            # Nothing is lost: reads see the queue, and it is written at a later access or at
+            # exit (only a lock held past that warns). Many processes warming one cache meet
+            # each other's locks all the time; a warning each would cry wolf.
+            if not self._told_queued:
+                self._told_queued = True
+                _log.info("opselect tune cache: %s is locked by another process (%s); results "
+                          "queued in memory, written later", self.path, exc)
             return
         except _ReadOnly as exc:
             self.writable = False
-            self.problem = f"{self.path} ({exc})"
-            warn_once("read-only", f"cannot write {self.problem}; tuning results are kept in "
-                                   f"memory for this process")
+            self.problem = f"{self.path} cannot be written ({exc})"
+            warn_once("read-only", f"{self.problem}, so tuning results are kept in memory for "
+                                   f"this process")
             return
         except _Unusable as exc:
-            self._give_up(f"cannot open {self.path} ({exc})")
+            self._give_up(f"{self.path} cannot be opened ({exc})")
             return
         with self._pending_lock:
             for key, done in batch:
@@ -446,7 +494,7 @@ class TextStore:
             except _ReadOnly as exc:
                 raise CacheError(f"cannot {what} {self.path}: {exc}") from None
             except _Unusable as exc:
-                self._give_up(f"cannot open {self.path} ({exc})")
+                self._give_up(f"{self.path} cannot be opened ({exc})")
                 raise CacheError(f"cannot {what} {self.path}: {exc}") from None
         finally:
             self._db_lock.release()
@@ -527,7 +575,7 @@ class TextStore:
                 del self._pending[key]
         self.ready()
         if not self.writable:
-            raise CacheError(f"cannot delete from {self.problem}")
+            raise CacheError(f"cannot delete from the tune cache: {self.problem}")
 
         def work(con: sqlite3.Connection) -> int:
             if not self._has_table(con):
@@ -544,7 +592,7 @@ class TextStore:
         """Write (key, op, text) rows in one transaction: all of them or, with CacheError, none."""
         self.ready()
         if not self.writable:
-            raise CacheError(f"cannot write {self.problem or self.path}")
+            raise CacheError(f"cannot write the tune cache: {self.problem or self.path}")
 
         def work(con: sqlite3.Connection) -> None:
             self._prepare_writes(con)
@@ -561,7 +609,8 @@ class TextStore:
         """What changes when any process commits: the WAL's (or, in rollback mode, the file's)
         size and time."""
         marks = []
-        for f in (Path(f"{self.path}-wal"), self.path):
+        path = self._real or self.path
+        for f in (Path(f"{path}-wal"), path):
             try:
                 st = os.stat(f)
                 marks.append((st.st_size, st.st_mtime_ns))

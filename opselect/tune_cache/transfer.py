@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +23,7 @@ from pydantic import ValidationError
 
 from ..errors import CacheError, UsageError
 from .notices import warn_once
+from .bounded_json import DECODER, NumberRefused
 from .records import Calibration, TuneRecord
 from .keys import CALIBRATION_PREFIX, TUNE_PREFIX, calibration_key, tune_key
 from .textdb import MAX_KEY_CHARS, MAX_VALUE_CHARS
@@ -38,27 +41,29 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 # -- export ---------------------------------------------------------------------------------------
 def export_file(st: Any, path: Path) -> int:  # st: a storage.TuneStore
-    """Write every valid record, one entry per line, to path (atomically: a temporary file in the
-    same directory, then a rename). CacheError when path cannot be written."""
+    """Write every valid record, one entry per line, to path: a regular file, replaced atomically
+    (a temporary file in the same directory, then a rename), or standard output for "-".
+    UsageError when path names something else (a device, a FIFO, a link, a directory): renaming
+    over it would replace it. CacheError when path cannot be written."""
+    if str(path) == "-":
+        return _write_export(st, sys.stdout)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise CacheError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"{path} is {_kind(info.st_mode)}, not a regular file; export writes a "
+                         f"regular file (or - for standard output); nothing was written")
     directory = path.parent if str(path.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise CacheError(f"cannot write {path}: {exc.strerror or exc}") from None
-    n = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(f'{{"opselect_export": {FORMAT}, "entries": [')
-            for prefix, model, what in ((TUNE_PREFIX, TuneRecord, "tune"),
-                                        (CALIBRATION_PREFIX, Calibration, "calibration")):
-                for key, raw in st.db.rows(prefix):
-                    record = st._parse(raw, model, what)
-                    if record is None:
-                        continue
-                    entry = f'{{"key": {json.dumps(key)}, "record": {record.model_dump_json()}}}'
-                    out.write(("\n" if n == 0 else ",\n") + entry)
-                    n += 1
-            out.write("\n]}\n")
+            n = _write_export(st, out)
         os.replace(tmp, path)
     except OSError as exc:
         _remove(tmp)
@@ -66,6 +71,32 @@ def export_file(st: Any, path: Path) -> int:  # st: a storage.TuneStore
     except BaseException:
         _remove(tmp)
         raise
+    return n
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _write_export(st: Any, out: Any) -> int:
+    n = 0
+    out.write(f'{{"opselect_export": {FORMAT}, "entries": [')
+    for prefix, model, what in ((TUNE_PREFIX, TuneRecord, "tune"),
+                                (CALIBRATION_PREFIX, Calibration, "calibration")):
+        for key, raw in st.db.rows(prefix):
+            record = st._parse(raw, model, what)
+            if record is None:
+                continue
+            entry = f'{{"key": {json.dumps(key)}, "record": {record.model_dump_json()}}}'
+            out.write(("\n" if n == 0 else ",\n") + entry)
+            n += 1
+    out.write("\n]}\n")
+    out.flush()
     return n
 
 
@@ -115,6 +146,8 @@ def read_export(path: Path) -> tuple[list[tuple[str, str | None, str]], int]:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: "
                          f"{exc.msg}") from None
+    except NumberRefused as exc:
+        raise UsageError(f"{path}: {exc}; not an opselect export file, not imported") from None
     except RecursionError:  # the depth scan makes this unreachable; never a traceback though
         raise UsageError(f"{path}: JSON nested too deep (limit {MAX_DEPTH})") from None
     if version != FORMAT:
@@ -127,12 +160,17 @@ def read_export(path: Path) -> tuple[list[tuple[str, str | None, str]], int]:
 
 def _read_bounded(path: Path) -> bytes:
     try:
-        size = os.stat(path).st_size
-        if size > MAX_IMPORT_BYTES:
-            raise UsageError(f"{path}: {size} bytes, past the import limit of "
-                             f"{MAX_IMPORT_BYTES >> 20} MiB; not imported")
-        with open(path, "rb") as f:
-            data = f.read(MAX_IMPORT_BYTES + 1)  # a device or a growing file: still bounded
+        # Non-blocking, then checked on the descriptor: a FIFO put where a layer's file was
+        # would otherwise hang the first call that asks the cache.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise UsageError(f"{path}: not a regular file; not imported")
+            if info.st_size > MAX_IMPORT_BYTES:
+                raise UsageError(f"{path}: {info.st_size} bytes, past the import limit of "
+                                 f"{MAX_IMPORT_BYTES >> 20} MiB; not imported")
+            data = f.read(MAX_IMPORT_BYTES + 1)  # a growing file: still bounded
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_IMPORT_BYTES:
@@ -169,7 +207,7 @@ def json_depth(data: bytes) -> int:
 def _parse_export(text: str, path: Path, on_entry: Callable[[Any], None]) -> Any:
     """Parse {"opselect_export": 1, "entries": [...]} handing each entry to on_entry as soon as
     it is parsed (one entry's objects at a time); returns the "opselect_export" value."""
-    decoder = json.JSONDecoder()
+    decoder = DECODER
     found: dict[str, Any] = {}
 
     def skip(i: int) -> int:
