@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -368,3 +369,17 @@ def test_a_config_the_backend_does_not_offer_is_never_run(isolated_cache, cpu_tr
     assert decision.candidate("search").measured_s is None  # (the model's estimate instead)
     assert decision.config.get("BLOCK") != 1 << 40
     assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+
+
+def test_command_line_warnings_are_one_line(tmp_path):
+    """A warning at the command line is its text on one line, not Python's source line too."""
+    loose = tmp_path / "loose-cache"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    result = subprocess.run([sys.executable, "-m", "opselect.cli", "show"], capture_output=True,
+                            text=True, timeout=300,
+                            env={**os.environ, "OPSELECT_CACHE_DIR": str(loose)})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"warning: opselect tune cache: not using {loose}: it is writable")
