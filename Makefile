@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # Triton kernels run on the CPU through Triton's interpreter when no GPU is present.
 CPU_ENV := TRITON_INTERPRET=1 OPSELECT_CACHE_DIR=$(CURDIR)/.cache/opselect-demo
 
-.PHONY: demo test gpu-test setup clean
+.PHONY: demo test test-slow test-all setup clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,16 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(CPU_ENV) $(VENV)/bin/opselect demo
 
+# The quick suite (every backend of every op through the interpreter; a few minutes on two cores).
 test: $(VENV)/.installed
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 tests
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m "not slow" tests
+
+# The long tests alone: OpInfo sweeps, fuzzing, every benchmark script's smoke run, lock holders.
+test-slow: $(VENV)/.installed
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m slow tests
+
+# Everything (what CI runs: test, then test-slow).
+test-all: test test-slow
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -158,6 +158,7 @@ def _calls(op_name: str):
                 yield (torch.randn(*shape, generator=g).mul(100).to(dtype), k), {}
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("op_name", ["isin", "permute", "softmax", "log_softmax", "topk"])
 def test_every_launched_kernel_is_in_its_backends_hash(cpu_triton, op_name):
     op = next(o for o in all_ops() if o.name == op_name)

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_script_smoke(script, tmp_path, cpu_triton):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
@@ -56,6 +57,7 @@ def test_bench_random_reports_every_mode(tmp_path, cpu_triton):
     assert any(key.startswith("permute/") for key in data["fit"]["scales"])
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 def test_bench_random_in_parts_measures_the_same_calls(tmp_path, cpu_triton):
     """A run spread over GPU sessions: the fit seed once, the report seed in parts (--fit-from,
     --part), then --merge: the merged run reports exactly the calls of a whole run."""

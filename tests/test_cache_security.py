@@ -467,6 +467,7 @@ def _tell(proc: subprocess.Popen) -> None:
     proc.stdin.flush()
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("journal, lock", [("wal", "IMMEDIATE"), ("wal", "EXCLUSIVE"),
                                            ("delete", "EXCLUSIVE")])
 def test_a_call_returns_while_another_process_holds_the_lock(isolated_cache, tmp_path,
@@ -546,6 +547,7 @@ def _writer(directory: str, p: int, queued) -> None:
     os._exit(0 if st.db.pending() == 0 else 3)
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 def test_many_writers_lose_nothing(isolated_cache):
     """WRITERS processes x 2 * WRITES merges into one shared record and their own, while another
     connection takes the write lock now and then (so some writes meet it and are queued)."""

@@ -44,6 +44,7 @@ def test_two_ranks_agree_after_sync(tmp_path):
     assert r0["ok"] and r1["ok"]
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.skipif(not INTERPRETED, reason="interpreter run (shards on the CPU)")
 def test_sharded_warm_imports_every_shard(tmp_path):
     """`opselect warm --shards 2`: two worker processes, each with its share of the items and a

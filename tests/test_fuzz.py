@@ -331,7 +331,8 @@ def _run_topk(x, k, dim, largest, sorted_):
             _same_values(mine, theirs, what)
 
 
-@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
+@pytest.mark.parametrize("gpu", [pytest.param(False, marks=pytest.mark.slow),  # (make test-all)
+                                 pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
                          ids=["interpreter", "cuda"])
 def test_topk_matches_torch(gpu):
     _device(gpu)

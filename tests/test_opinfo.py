@@ -85,6 +85,7 @@ def ref_input_gather(what: str, indices: torch.Tensor) -> torch.Tensor:
     return x.gather(dim if x.dim() else 0, indices) if x.dim() else x.reshape(1)[indices]
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 @pytest.mark.parametrize("device", DEVICES)
 def test_samples_as_torch(case, device):

@@ -88,6 +88,7 @@ def _ref(info, x, sample):
     return _differentiable(out)
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("info", INFOS, ids=_id)
 @pytest.mark.parametrize("device", DEVICES)
 def test_dual_tangent_never_dropped(info, device):
@@ -112,6 +113,7 @@ def test_dual_tangent_never_dropped(info, device):
             torch.testing.assert_close(have, want, msg=what)
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("info", INFOS, ids=_id)
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_func_transforms(info, device):
@@ -190,6 +192,7 @@ LIBRARY = [("softmax", lambda x, b: torch.ops.opselect.softmax(x, 1, None, b),
             lambda x: x.permute(1, 0).contiguous(), ("naive", "tiled", None), 7)]
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("case", LIBRARY, ids=[c[0] for c in LIBRARY])
 @pytest.mark.parametrize("device", DEVICES)
 def test_library_ops_forward_ad_and_vmap(case, device):

@@ -91,6 +91,7 @@ def check_one(n: int, k: int, dtype: torch.dtype, largest: bool, backend: str,
     return None
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sweep_interpreter(backend, cpu_triton):
     failures = []
