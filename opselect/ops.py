@@ -3,8 +3,10 @@
     ops.isin(a, b)                    automatic choice of backend
     ops.isin(a, b, backend="hash")    force one ("auto" or None: choose)
 
-Every op accepts what its torch namesake accepts and returns what it returns. Each function calls
-its op's prepare() and then Op.run() directly: the memo-hit path stays a few microseconds. While
+Every op accepts what its torch namesake accepts and returns what it returns. A call decided
+before, with plain arguments, is answered from its route (Op.routes: a dict lookup by the
+arguments' shapes, strides, dtypes, device and scalars) by the chosen backend's prepared call, or
+by torch's op; other calls go through the op's prepare() and Op.run(). While
 torch.compile traces a function (torch.compiler.is_compiling()), they call the torch.library ops
 instead (opselect/library.py), which the graph keeps. While a function transform watches a call
 (forward-mode AD, torch.func's vmap / jvp / grad), they go through opselect/transforms.py. A call
@@ -40,15 +42,8 @@ from .kernels.topk.call import prepare_keyed as _prepare_topk
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
-def _routed(op: Op, key: tuple | None, backend: Optional[str]) -> bool:
-    """Whether an auto call keyed `key` (the call module's plain_key) has a torch route: its
-    choice is torch's op (Op.torch_routes), so the public function answers it with torch's op
-    without preparing the call. A route from the cost model waits while tuning is on (the call
-    is decided again)."""
-    if key is None or not (backend is None or backend == "auto"):
-        return False
-    settled = op.torch_routes.get(key)
-    return settled is not None and (settled or not _tuning_state.active)
+#: forced_routes' answer for a call not seen yet (None there means torch's op)
+_UNSEEN = object()
 
 
 def _torch_answers(op: Op, backend: Optional[str], why: TorchOnlyCall, answer):
@@ -73,8 +68,21 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
             _transforms.watched(elements, test_elements):
         return _transforms.isin(elements, test_elements, assume_unique, invert, backend)
     key = None if out is not None else _isin_key(elements, test_elements, assume_unique, invert)
-    if _routed(_isin.OP, key, backend):
-        return torch.isin(elements, test_elements, assume_unique=assume_unique, invert=invert)
+    # A call decided before: its route (see Op.routes), before any preparing.
+    if backend is None or backend == "auto":
+        route = _isin.OP.routes.get(key)
+        if route is not None and (route[1] or not _tuning_state.active):
+            if route[0] is None:
+                return torch.isin(elements, test_elements, assume_unique=assume_unique,
+                                  invert=invert)
+            return route[0](elements, test_elements)
+    elif key is not None:
+        prepared = _isin.OP.forced_routes.get((backend, key), _UNSEEN)
+        if prepared is not _UNSEEN:
+            if prepared is None:
+                return torch.isin(elements, test_elements, assume_unique=assume_unique,
+                                  invert=invert)
+            return prepared(elements, test_elements)
     try:
         call = _isin.prepare(elements, test_elements, assume_unique=assume_unique, invert=invert,
                              out=out)
@@ -96,8 +104,17 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
     if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
         return _transforms.topk(input, k, dim, largest, sorted, backend)
     key = _topk_key(input, k, dim, largest, sorted)
-    if _routed(_topk.OP, key, backend):
-        return torch.topk(input, k, dim, largest, sorted)
+    if backend is None or backend == "auto":
+        route = _topk.OP.routes.get(key)
+        if route is not None and (route[1] or not _tuning_state.active):
+            if route[0] is None:
+                return torch.topk(input, k, dim, largest, sorted)
+            return route[0](input)
+    elif key is not None:
+        prepared = _topk.OP.forced_routes.get((backend, key), _UNSEEN)
+        if prepared is not _UNSEEN:
+            return torch.topk(input, k, dim, largest, sorted) if prepared is None else \
+                prepared(input)
     try:
         call = _prepare_topk(key, input, k, dim, largest, sorted)
     except TorchOnlyCall as why:
@@ -131,8 +148,16 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
         # Autograd through any backend (the kernels' own calls record none).
         return _transforms.permute(input, dims, out, backend)
     key = _permute_key(input, dims)
-    if _routed(_permute.OP, key, backend):
-        return torch.permute_copy(input, dims)  # (one ATen call: see kernels/permute/call.py)
+    if backend is None or backend == "auto":
+        route = _permute.OP.routes.get(key)
+        if route is not None and (route[1] or not _tuning_state.active):
+            if route[0] is None:
+                return torch.permute_copy(input, dims)  # (one ATen call: kernels/permute/call.py)
+            return route[0](input)
+    elif key is not None:
+        prepared = _permute.OP.forced_routes.get((backend, key), _UNSEEN)
+        if prepared is not _UNSEEN:
+            return torch.permute_copy(input, dims) if prepared is None else prepared(input)
     call = _permute.prepare_keyed(key, input, dims)
     if call.view_is_contiguous and (backend is None or backend == "auto" or backend == "torch"):
         # As torch's permute(dims).contiguous(): the view itself when it is contiguous already
@@ -157,8 +182,16 @@ def softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] 
     if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
         return _transforms.softmax(input, dim, False, dtype, backend)
     key = _softmax_key(False, input, dim, dtype)
-    if _routed(_softmax.SOFTMAX_OP, key, backend):
-        return torch.softmax(input, dim, dtype=dtype)
+    if backend is None or backend == "auto":
+        route = _softmax.SOFTMAX_OP.routes.get(key)
+        if route is not None and (route[1] or not _tuning_state.active):
+            if route[0] is None:
+                return torch.softmax(input, dim, dtype=dtype)
+            return route[0](input)
+    elif key is not None:
+        prepared = _softmax.SOFTMAX_OP.forced_routes.get((backend, key), _UNSEEN)
+        if prepared is not _UNSEEN:
+            return torch.softmax(input, dim, dtype=dtype) if prepared is None else prepared(input)
     try:
         call = _prepare_softmax("softmax", False, key, input, dim, dtype)
     except TorchOnlyCall as why:
@@ -175,8 +208,16 @@ def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dty
     if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
         return _transforms.softmax(input, dim, True, dtype, backend)
     key = _softmax_key(True, input, dim, dtype)
-    if _routed(_softmax.LOG_SOFTMAX_OP, key, backend):
-        return torch.log_softmax(input, dim, dtype=dtype)
+    if backend is None or backend == "auto":
+        route = _softmax.LOG_SOFTMAX_OP.routes.get(key)
+        if route is not None and (route[1] or not _tuning_state.active):
+            if route[0] is None:
+                return torch.log_softmax(input, dim, dtype=dtype)
+            return route[0](input)
+    elif key is not None:
+        prepared = _softmax.LOG_SOFTMAX_OP.forced_routes.get((backend, key), _UNSEEN)
+        if prepared is not _UNSEEN:
+            return torch.log_softmax(input, dim, dtype=dtype) if prepared is None else prepared(input)
     try:
         call = _prepare_softmax("log_softmax", True, key, input, dim, dtype)
     except TorchOnlyCall as why:

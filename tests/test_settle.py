@@ -177,7 +177,7 @@ def test_candidates_are_timed_through_the_public_function(cpu_triton):
     op = get_op("topk")
     x = torch.randn(6, 40, device=cpu_triton)
     call = op.prepare(x, 3)
-    own = (op.torch_routes, op._memo, op._cold)
+    own = (op.routes, op._memo, op._cold)
     public = op._public_replay(call)
     assert public is not None
     for name in ("torch", "radix"):
@@ -189,15 +189,17 @@ def test_candidates_are_timed_through_the_public_function(cpu_triton):
             got = run()
             assert torch.equal(got.values, torch.topk(x, 3).values)
         assert memo[call.key].backend is backend and memo[call.key].config == cfg
-        # torch's choice is answered by a route after its first call; a Triton one never is
-        assert list(routes.values()) == ([True] if name == "torch" else [])
-        op.torch_routes, op._memo, op._cold = own
+        # after its first call the choice is answered by its route: torch's op (None) or the
+        # backend's prepared call
+        [(prepared, settled)] = routes.values()
+        assert settled and (prepared is None) == (name == "torch")
+        op.routes, op._memo, op._cold = own
     # _settle times these and puts the op's own decisions back
     able = [c for c in op.decide(call).candidates if c.supported and c.name in ("torch", "radix")]
     times = op._settle(able, call)
     assert set(times) == {"torch", "radix"} and all(t > 0 for t in times.values())
-    assert (op.torch_routes, op._memo, op._cold) == own
-    assert all(a is b for a, b in zip((op.torch_routes, op._memo, op._cold), own))
+    assert (op.routes, op._memo, op._cold) == own
+    assert all(a is b for a, b in zip((op.routes, op._memo, op._cold), own))
 
 
 def test_an_op_under_autograd_times_its_backward_not_the_public_forward(cpu_triton):

@@ -1,4 +1,4 @@
-"""Torch routes (Op.torch_routes): an auto call whose choice is torch's own op is answered by it
+"""Torch routes (Op.routes): an auto call whose choice is torch's own op is answered by it
 straight from the public function's arguments, without preparing the call, from its second
 time on. A route may only save time: these tests check that it answers as torch does, that it
 follows every change of the choice it came from, and that arguments the full path rejects are
@@ -13,7 +13,7 @@ import opselect
 from conftest import fake_timing
 from opselect import ops
 from opselect.dispatch import get_op, tuning
-from opselect.dispatch.op import TORCH_ROUTES_MAX, Choice
+from opselect.dispatch.op import ROUTES_MAX, Choice
 from opselect.errors import OpselectError
 from opselect.kernels import isin as isin_pkg
 
@@ -57,7 +57,7 @@ def test_settled_torch_choice_routes_later_calls_to_torch(cpu_triton, monkeypatc
     op = get_op("isin")
     a, b = _tuned_pair(monkeypatch, "torch")
     assert op.chosen(isin_pkg.prepare(a, b)).source == "tuning"
-    assert list(op.torch_routes.values()) == [True]  # the deciding run adds it: settled
+    assert list(op.routes.values()) == [(None, True)]  # the deciding run adds it: settled
     seen = _count_prepares(monkeypatch)
     for seed in range(1, 4):  # fresh values of the same call: torch's answers, nothing prepared
         a, b = _pair(seed=seed)
@@ -73,7 +73,7 @@ def test_triton_choice_gets_no_route(cpu_triton, monkeypatch):
     seen = _count_prepares(monkeypatch)
     for _ in range(3):
         assert torch.equal(ops.isin(a, b), torch.isin(a, b))
-    assert not op.torch_routes and len(seen) == 3
+    assert not op.routes and len(seen) == 3
 
 
 def test_any_change_to_the_choices_drops_the_routes(cpu_triton, monkeypatch):
@@ -83,20 +83,20 @@ def test_any_change_to_the_choices_drops_the_routes(cpu_triton, monkeypatch):
     # Every way the memos change: a cold choice dropped, the cold memo emptied, forget().
     for change in (lambda: op._cold.pop(call.exact), lambda: op._cold.clear(), opselect.forget):
         ops.isin(a, b)  # the cost model's torch (provisional): a route
-        assert list(op.torch_routes.values()) == [False]
+        assert list(op.routes.values()) == [(None, False)]
         change()
-        assert not op.torch_routes
+        assert not op.routes
     # A write into the memo as distributed.sync makes one (rank 0 measured search): the route
     # goes, and the next call runs the agreed backend.
     ops.isin(a, b)
-    assert op.torch_routes
+    assert op.routes
     search = op.backend("search")
     op._memo[call.key] = Choice(search, dict(search.configs(call)[0]), "distributed")
-    assert not op.torch_routes
+    assert not op.routes
     seen = _count_prepares(monkeypatch)
     for _ in range(2):
         assert torch.equal(ops.isin(a, b), torch.isin(a, b))
-    assert len(seen) == 2 and not op.torch_routes
+    assert len(seen) == 2 and not op.routes
 
 
 def test_cost_model_route_waits_while_tuning(cpu_triton, monkeypatch):
@@ -106,7 +106,7 @@ def test_cost_model_route_waits_while_tuning(cpu_triton, monkeypatch):
     a, b = _pair()
     ops.isin(a, b)
     ops.isin(a, b)
-    assert list(op.torch_routes.values()) == [False]
+    assert list(op.routes.values()) == [(None, False)]
     measured = []
 
     def seconds(what):
@@ -117,7 +117,7 @@ def test_cost_model_route_waits_while_tuning(cpu_triton, monkeypatch):
     with tuning():
         assert torch.equal(ops.isin(a, b), torch.isin(a, b))
     assert measured and op.chosen(isin_pkg.prepare(a, b)).backend.name == "hash"
-    assert not op.torch_routes
+    assert not op.routes
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "topk", "permute", "isin"])
@@ -141,7 +141,7 @@ def test_every_op_routes_and_answers_as_torch(name):
                         lambda t: torch.isin(t.round(), t[0].round()))
     op = get_op(name)
     ours(x)
-    assert op.torch_routes, f"{name}: no route after an auto call chose torch"
+    assert op.routes, f"{name}: no route after an auto call chose torch"
     for _ in range(3):
         x = torch.randn(6, 9, generator=gen)
         got, want = ours(x), theirs(x)
@@ -162,7 +162,7 @@ def test_routes_keep_the_full_paths_errors():
     ops.topk(x, 3)
     ops.isin(x, x[0])
     for op_name in ("permute", "softmax", "topk", "isin"):
-        assert get_op(op_name).torch_routes
+        assert get_op(op_name).routes
     with pytest.raises(OpselectError, match=r"dims\[0\] must be an int, got float"):
         ops.permute(x, (1.0, 0))
     with pytest.raises(OpselectError, match=r"dims\[1\] must be an int, got bool"):
@@ -184,23 +184,23 @@ def test_other_strides_or_alignment_are_other_calls():
     op = get_op("permute")
     base = torch.randn(9, 9)
     ops.permute(base, (1, 0))
-    assert len(op.torch_routes) == 1
+    assert len(op.routes) == 1
     ops.permute(base.t(), (0, 1))  # (by (1, 0) the view would be contiguous: no copy)
     flat = torch.randn(82)
     ops.permute(flat[1:].view(9, 9), (1, 0))  # same shape and strides, 4 bytes off alignment
-    assert len(op.torch_routes) == 3
+    assert len(op.routes) == 3
 
 
 def test_routes_are_bounded():
     op = get_op("softmax")
     x = torch.randn(3, 4)
     ops.softmax(x, -1)
-    assert len(op.torch_routes) == 1
-    op.torch_routes.clear()  # (the routes alone: the memo keeps its choice)
-    for n in range(TORCH_ROUTES_MAX):
-        op.torch_routes[("filler", n)] = True
+    assert len(op.routes) == 1
+    op.routes.clear()  # (the routes alone: the memo keeps its choice)
+    for n in range(ROUTES_MAX):
+        op.routes[("filler", n)] = True
     ops.softmax(x, -1)  # a memo hit that adds a route to a full table: it starts again
-    assert len(op.torch_routes) == 1 and ("filler", 0) not in op.torch_routes
+    assert len(op.routes) == 1 and ("filler", 0) not in op.routes
 
 
 def test_prepared_permute_calls_serve_each_input(cpu_triton):

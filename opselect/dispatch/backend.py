@@ -61,6 +61,16 @@ class Backend:
     def run(self, call: Any, config: Config) -> Any:
         raise NotImplementedError
 
+    def bind(self, call: Any, config: Config) -> Callable[..., Any] | None:
+        """The prepared call: a function of the call's tensors (`call.inputs()`) that does what
+        run(call, config) does, for this call and any later one of the same plain key (shapes,
+        strides, dtypes, device, the scalar arguments). Everything that depends on those alone
+        (the plan, the grid, the output's shape and dtype, the bound launches) is worked out
+        here, once; a later call is the output's allocation and the launches. The dispatcher
+        keeps it per plain key (Op.routes); None: this call is not prepared (autograd, out=, an
+        empty call ...) and goes through run() every time."""
+        return None
+
     #: The backend's cost model, a function of heuristics/<op>.py with the one signature every
     #: backend shares: (call, model, plan) -> Estimate. Set as staticmethod(cost.<name>).
     estimate: Callable[[Any, Any, Any], Estimate] | None = None

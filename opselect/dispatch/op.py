@@ -33,8 +33,8 @@ TORCH_MARGIN = 0.93
 MEASURED_TORCH_MARGIN = 0.97
 #: Cold choices are kept per exact call; past this many the memo starts again.
 COLD_MEMO_MAX = 1 << 16
-#: Torch routes (Op.torch_routes) kept per op; past this many they start again.
-TORCH_ROUTES_MAX = 4096
+#: Routes (Op.routes) kept per op; past this many they start again.
+ROUTES_MAX = 4096
 
 
 def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
@@ -68,6 +68,11 @@ class Call:
     key: tuple
     exact: tuple
 
+    def inputs(self) -> tuple:
+        """The tensors a prepared call (Backend.bind) takes: the public function's tensor
+        arguments, in order."""
+        raise NotImplementedError
+
     @property
     def empty(self) -> bool:
         """Nothing to compute (an empty dim, k = 0): every backend answers as torch does without
@@ -80,11 +85,11 @@ class Call:
 
 
 class _Choices(dict):
-    """A memo of choices whose every change empties the op's torch routes, which are derived
-    from it (distributed.sync writes the memo directly; this catches that too). Reads stay
-    dict's own. With per_call, a choice for a call not seen before keeps the routes: the memo
-    is keyed by exact calls (Op._cold), so a new entry decides that call alone, which has no
-    route yet (a program of ever new shapes keeps the routes of the shapes it repeats)."""
+    """A memo of choices whose every change empties the op's routes, which are derived from it
+    (distributed.sync writes the memo directly; this catches that too). Reads stay dict's own.
+    With per_call, a choice for a call not seen before keeps the routes: the memo is keyed by
+    exact calls (Op._cold), so a new entry decides that call alone, which has no route yet (a
+    program of ever new shapes keeps the routes of the shapes it repeats)."""
 
     __slots__ = ("_routes", "_per_call")
 
@@ -139,8 +144,8 @@ class Choice:
 
 
 def fresh_decisions() -> tuple[dict, dict, dict]:
-    """An empty set of an Op's in-process decisions (its torch routes, settled memo, cold memo),
-    tied together as an Op's own are: a change to either memo empties the routes."""
+    """An empty set of an Op's in-process decisions (its routes, settled memo, cold memo), tied
+    together as an Op's own are: a change to either memo empties the routes."""
     routes: dict = {}
     return routes, _Choices(routes), _Choices(routes, per_call=True)
 
@@ -179,30 +184,33 @@ class Op:
             raise ValueError(f"op {name!r}: the first backend must be 'torch' (the safe fallback)")
         self._by_name = {b.name: b for b in self.backends}
         self._torch = self.backends[0]
-        #: Calls whose choice is torch's own op, by the public function's arguments (ops.py
-        #: builds the key) -> whether that choice is settled (False: the cost model's, decided
-        #: again in tuning mode). ops.py answers them with torch's op before preparing the call:
-        #: for a call of a few microseconds, preparing it is most of opselect's overhead. A route
-        #: can only cost time, never change an answer (torch's op answers every call as torch
-        #: does); it is derived from the two memos below and emptied by any change to them.
-        self.torch_routes: dict[tuple, bool]
+        #: Decided calls by the public function's plain arguments (ops.py builds the key:
+        #: shapes, strides, dtypes, device, the scalar arguments) -> (prepared call, settled).
+        #: The prepared call is the chosen backend's bind() of the call, a function of its
+        #: tensors, or None where the choice is torch's own op (ops.py calls it directly);
+        #: settled is False for the cost model's choices, decided again in tuning mode. ops.py
+        #: answers a call found here before preparing it: a repeat call is its key, one lookup
+        #: and the launch. Derived from the two memos below and emptied by any change to them.
+        self.routes: dict[tuple, tuple[Callable[..., Any] | None, bool]]
         #: settled choices (measured, cached, the only candidate, agreed across ranks) per key
         self._memo: dict[tuple, Choice]
         #: the cost model's (provisional) choices, per exact call (Call.exact)
         self._cold: dict[tuple, Choice]
         self.decisions = fresh_decisions()
         self._forced: dict[tuple, Choice] = {}
+        #: (backend name, plain key) -> prepared call of a forced backend (None: torch's op)
+        self.forced_routes: dict[tuple, Callable[..., Any] | None] = {}
 
     @property
     def decisions(self) -> tuple[dict, dict, dict]:
-        """(torch routes, settled memo, cold memo): what this process has decided. Setting it
-        swaps in another set (fresh_decisions()) in three attribute stores: tuning's stage 2
-        and bench_random time the public function under decisions of their own."""
-        return self.torch_routes, self._memo, self._cold
+        """(routes, settled memo, cold memo): what this process has decided. Setting it swaps in
+        another set (fresh_decisions()) in three attribute stores: tuning's stage 2 and
+        bench_random time the public function under decisions of their own."""
+        return self.routes, self._memo, self._cold
 
     @decisions.setter
     def decisions(self, sets: tuple[dict, dict, dict]) -> None:
-        self.torch_routes, self._memo, self._cold = sets
+        self.routes, self._memo, self._cold = sets
 
     # -- the call -------------------------------------------------------------------------------
     def __call__(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
@@ -211,27 +219,51 @@ class Op:
     def run(self, call: Call, backend: str | None = None, route: tuple | None = None) -> Any:
         """Dispatch a prepared call. The public functions in ops.py call prepare() themselves and
         then this, which saves repacking their keyword arguments on every call. `route`: the
-        key of the public function's arguments, under which an auto choice of torch's op is
-        remembered in torch_routes."""
+        key of the public function's plain arguments, under which the choice is remembered with
+        its prepared call (Op.routes, or forced_routes for a forced backend), so that later
+        calls of that key skip preparing and dispatching."""
         if backend is None or backend == "auto":
             choice = self._memo.get(call.key)
             if choice is None:
                 choice = self._cold.get(call.exact)
                 if choice is None or _tuning.state.active:
                     choice = self._select(call)
-            if route is not None and choice.backend is self._torch:
-                routes = self.torch_routes
-                if len(routes) >= TORCH_ROUTES_MAX:
-                    routes.clear()
-                routes[route] = not choice.provisional
+            if route is not None:
+                prepared = self._route(call, choice)
+                if prepared is not False:
+                    routes = self.routes
+                    if len(routes) >= ROUTES_MAX:
+                        routes.clear()
+                    routes[route] = (prepared, not choice.provisional)
+                    if prepared is not None:
+                        return prepared(*call.inputs())
         else:
             choice = self._forced.get((backend, call.key)) or self._force(call, backend)
+            if route is not None:
+                prepared = self._route(call, choice)
+                if prepared is not False:
+                    forced = self.forced_routes
+                    if len(forced) >= ROUTES_MAX:
+                        forced.clear()
+                    forced[(backend, route)] = prepared
+                    if prepared is not None:
+                        return prepared(*call.inputs())
         info = call.info
         if info.type == "cuda" and info.index != torch.cuda.current_device():
             # Triton launches on the current device, not the tensors': switch for this call.
             with torch.cuda.device(info.index):
                 return choice.backend.run(call, choice.config)
         return choice.backend.run(call, choice.config)
+
+    def _route(self, call: Call, choice: Choice) -> Callable[..., Any] | None | bool:
+        """What a route of this call holds: None for torch's own op, the chosen backend's
+        prepared call, or False when the call cannot be prepared (no route)."""
+        if choice.backend is self._torch:
+            return None
+        if call.empty:
+            return False
+        prepared = choice.backend.bind(call, choice.config)
+        return False if prepared is None else prepared
 
     def chosen(self, call: Call, backend: str | None = None) -> Choice | None:
         """The choice a run of this call used, or would use from the memo (None: not decided
@@ -531,10 +563,11 @@ class Op:
 
     def forget(self) -> None:
         """Drop this process's memo (the tune cache on disk is untouched). Emptying the memos
-        empties the torch routes derived from them (_Choices)."""
+        empties the routes derived from them (_Choices)."""
         self._memo.clear()
         self._cold.clear()
         self._forced.clear()
+        self.forced_routes.clear()
 
 
 def _device_of(call: Call) -> Any:

@@ -141,6 +141,11 @@ class Launcher:
                 self.bound.clear()
             self.bound[key] = (compiled, tuple(named[n] for n in names))
 
+    def bind(self, spec, grid: tuple, device: int | None) -> "BoundLaunch":
+        """This kernel's launch with `spec` and `grid` fixed, for a prepared call (see
+        BoundLaunch); `device` is the CUDA device index of the call's tensors."""
+        return BoundLaunch(self, spec, grid, device)
+
     def _constexprs(self, spec, constexprs) -> dict:
         if constexprs is not None:
             return constexprs()
@@ -152,6 +157,56 @@ class Launcher:
     def _observe(self) -> None:
         if Launcher.observer is not None:
             Launcher.observer(self.fn)
+
+
+class BoundLaunch:
+    """One launch of a Launcher with its spec, grid and device fixed: what a prepared call keeps
+    (Backend.bind) and calls with the runtime arguments alone.
+
+    The first call of each alignment of the tensor arguments goes through the Launcher (which
+    compiles or binds as usual); later calls find the compiled kernel in a dict of the
+    alignments seen (usually one) and launch it at once on the current stream. Triton's own
+    path is taken under the interpreter, while launch hooks are set and while Launcher.verify
+    is on, as a Launcher does. A call made while another CUDA device is current switches to
+    the tensors' device for the launch (Triton launches on the current device)."""
+
+    __slots__ = ("launcher", "spec", "grid", "g0", "g1", "g2", "device", "pointers", "kernels")
+
+    def __init__(self, launcher: Launcher, spec, grid: tuple, device: int | None):
+        self.launcher, self.spec, self.grid, self.device = launcher, spec, tuple(grid), device
+        self.g0, self.g1, self.g2 = (*self.grid, 1, 1)[:3]
+        self.pointers: tuple[int, ...] | None = None
+        self.kernels: dict[int, tuple] = {}  # misaligned bits -> (compiled kernel, constexprs)
+
+    def __call__(self, *args) -> None:
+        launcher = self.launcher
+        if not (launcher.fast and Launcher.enabled):
+            launcher(self.spec, self.grid, args)
+            return
+        pointers = self.pointers
+        if pointers is None:
+            pointers = self.pointers = tuple(
+                i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        misaligned = 0
+        bit = 1
+        for i in pointers:
+            if args[i].data_ptr() & 15:
+                misaligned |= bit
+            bit <<= 1
+        kernel = self.kernels.get(misaligned)
+        device = _current_device()
+        if device != self.device:
+            with torch.cuda.device(self.device):
+                return self(*args)
+        if kernel is None or Launcher.verify or not _hooks_idle():
+            launcher(self.spec, self.grid, args)
+            found = launcher.bound.get((self.spec, device, misaligned))
+            if found is not None:
+                self.kernels[misaligned] = found
+            return
+        compiled, tail = kernel
+        compiled.run(self.g0, self.g1, self.g2, _current_stream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *tail)
 
 
 _stream_of = None  # the driver's current-stream function, looked up on first use

@@ -41,6 +41,9 @@ class SoftmaxCall(Call):
     def empty(self) -> bool:
         return self.outer == 0 or self.n == 0 or self.inner == 0
 
+    def inputs(self) -> tuple:
+        return (self.x,)
+
     def describe(self) -> str:
         x = self.x
         name = "log_softmax" if self.log else "softmax"

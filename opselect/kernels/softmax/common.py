@@ -260,15 +260,21 @@ def _tiles_per_program(tiles: int, resident: int) -> int:
     return max(1, min(64, tiles // max(1, WAVES * resident)))
 
 
-def _operand(call: SoftmaxCall) -> tuple[torch.Tensor, int, int]:
-    """The tensor the kernels read, with its (outer, dim) strides (inner stride 1)."""
-    x = call.x.detach()
+def _reader(call: SoftmaxCall):
+    """(read, outer stride, dim stride): read(x) is the tensor the kernels read for input x
+    (None: x itself, whose layout they take in place), with those strides (inner stride 1): a
+    contiguous copy where the layout needs one, the torch cast first where it rounds."""
     if call.cast_first:
-        x = x.to(call.out_dtype, memory_format=torch.contiguous_format)
+        dtype = call.out_dtype
+        return (lambda x: x.to(dtype, memory_format=torch.contiguous_format),
+                call.n * call.inner, call.inner)
     if call.fast:
-        return x, call.so, call.sn
-    x = x.contiguous()
-    return x, call.n * call.inner, call.inner
+        return None, call.so, call.sn
+    return torch.Tensor.contiguous, call.n * call.inner, call.inner
+
+
+def _read_dtype(call: SoftmaxCall) -> torch.dtype:
+    return call.out_dtype if call.cast_first else call.x.dtype
 
 
 def _new(shape, dtype: torch.dtype, device) -> torch.Tensor:
@@ -280,9 +286,10 @@ def _empty_out(call: SoftmaxCall) -> torch.Tensor:
     return _new(call.x.shape, call.out_dtype, call.x.device)
 
 
-def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch.Tensor:
-    x, sx, _ = _operand(call)
-    y = _empty_out(call)
+def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int):
+    """The prepared forward of fused (block_r = 1) and multirow: a function x -> y of the call's
+    input, everything else worked out here once."""
+    read, sx, _ = _reader(call)
     n, rows = call.n, call.outer
     bn = next_pow2(n)
     block_r = max(1, min(block_r, TILE_MAX // bn, next_pow2(rows)))
@@ -293,9 +300,19 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int) -> torch
     ints = (rows, n // a, sx // a, n // a, per)
     log, f64, stages = call.log, call.f64, stages if per > 1 else 1
     i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
-    plan = rows_plan(x.dtype, y.dtype, ints, a, log, f64, block_r, bn, stages, i64, warps)
-    _ROWS_FWD(plan, (cdiv(tiles, per),), (x, y, *ints))
-    return y
+    shape, out_dtype, device = call.x.shape, call.out_dtype, call.x.device
+    plan = rows_plan(_read_dtype(call), out_dtype, ints, a, log, f64, block_r, bn, stages, i64,
+                     warps)
+    launch = _ROWS_FWD.bind(plan, (cdiv(tiles, per),), call.info.index)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if read is not None:
+            x = read(x)
+        y = _new(shape, out_dtype, device)
+        launch(x, y, *ints)
+        return y
+
+    return forward
 
 
 def _strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,

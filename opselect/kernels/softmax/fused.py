@@ -44,7 +44,14 @@ class FusedBackend(Backend):
         return [c for i, c in enumerate(cfgs) if c not in cfgs[:i]]
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: _rows_fwd(c, 1, config["num_warps"], config["NUM_STAGES"]))
+        return _run(call, lambda c: self._forward(c, config)(c.x))
+
+    def bind(self, call: SoftmaxCall, config):
+        return None if call.grad or call.numel == 0 else self._forward(call, config)
+
+    @staticmethod
+    def _forward(call: SoftmaxCall, config):
+        return _rows_fwd(call, 1, config["num_warps"], config["NUM_STAGES"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         return cost.fused(call, model, warps=self.configs(call)[0]["num_warps"])

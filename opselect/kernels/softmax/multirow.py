@@ -31,8 +31,14 @@ class MultirowBackend(Backend):
                 {"BLOCK_R": br, "num_warps": 4, "NUM_STAGES": 1}]
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: _rows_fwd(c, config["BLOCK_R"], config["num_warps"],
-                                              config["NUM_STAGES"]))
+        return _run(call, lambda c: self._forward(c, config)(c.x))
+
+    def bind(self, call: SoftmaxCall, config):
+        return None if call.grad or call.numel == 0 else self._forward(call, config)
+
+    @staticmethod
+    def _forward(call: SoftmaxCall, config):
+        return _rows_fwd(call, config["BLOCK_R"], config["num_warps"], config["NUM_STAGES"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         return cost.multirow(call, model)

@@ -15,8 +15,8 @@ from ...heuristics import softmax as cost
 from .._common import Launcher, cdiv, needs_int64, next_pow2
 from .autograd import _run
 from .call import SoftmaxCall
-from .common import (_acc, _align, _cast_for, _empty_out, _finish, _merge, _online_step, _operand,
-                     _row_and_part, _rows_reason)
+from .common import (_acc, _align, _cast_for, _finish, _merge, _new, _online_step, _read_dtype,
+                     _reader, _row_and_part, _rows_reason)
 
 
 # online takes rows longer than this (shorter ones are the fused and multirow backends' job).
@@ -235,9 +235,10 @@ def coop_split(call: SoftmaxCall, chunk: int) -> int | None:
     return split if 1 < split <= limit else None
 
 
-def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
-    x, sx, _ = _operand(call)
-    y = _empty_out(call)
+def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int):
+    """The prepared cooperative forward (a row's programs share their partial maxima and sums,
+    one read): a function x -> y of the call's input."""
+    read, sx, _ = _reader(call)
     n, rows = call.n, call.outer
     split = coop_split(call, chunk)
     if split is None:
@@ -246,44 +247,74 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int) -> torch.Tensor:
         return _online_fwd(call, block, 8, OnlineBackend.split_for(call, block, call.info.sm_count))
     a = _align(n, sx)
     acc = torch.float64 if call.f64 else torch.float32
-    partials = torch.empty(2 * rows * split, dtype=acc, device=x.device)  # maxima, then sums
-    sync = torch.zeros(1 + rows, dtype=torch.int32, device=x.device)  # ticket, arrivals per row
     ints = (n // a, sx // a, n // a, split, rows)
     log, f64 = call.log, call.f64
     spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
     fallback = min(chunk, 64 * 32 * warps // 16)
     i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
-    plan = coop_plan(x.dtype, y.dtype, ints, a, log, f64, chunk, spin, fallback, i64, warps)
-    _COOP_FWD(plan, (rows * split,), (x, y, partials, sync, *ints))
-    return y
+    shape, out_dtype, device = call.x.shape, call.out_dtype, call.x.device
+    plan = coop_plan(_read_dtype(call), out_dtype, ints, a, log, f64, chunk, spin, fallback, i64,
+                     warps)
+    launch = _COOP_FWD.bind(plan, (rows * split,), call.info.index)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if read is not None:
+            x = read(x)
+        y = _new(shape, out_dtype, device)
+        partials = torch.empty(2 * rows * split, dtype=acc, device=device)  # maxima, then sums
+        sync = torch.zeros(1 + rows, dtype=torch.int32, device=device)  # ticket, arrivals a row
+        launch(x, y, partials, sync, *ints)
+        return y
+
+    return forward
 
 
-def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int) -> torch.Tensor:
-    x, sx, _ = _operand(call)
-    y = _empty_out(call)
+def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int):
+    """The prepared chunked forward (one program a row, or `split` programs a row with the
+    row's statistics combined by a second kernel): a function x -> y of the call's input."""
+    read, sx, _ = _reader(call)
     n, rows = call.n, call.outer
     block = min(block, next_pow2(n))
     split = max(1, min(split, cdiv(n, block)))
     a = _align(n, sx)
     i64 = needs_int64(call.numel + split * block, rows * sx + n)
     log, f64 = call.log, call.f64
+    in_dtype, out_dtype = _read_dtype(call), call.out_dtype
+    shape, device, index = call.x.shape, call.x.device, call.info.index
     if split == 1:
         ints = (n // a, sx // a, n // a)
-        _ONLINE_FWD(chunk_plan(x.dtype, y.dtype, ints, a, log, f64, block, i64, warps), (rows,),
-                    (x, y, *ints))
-        return y
+        launch = _ONLINE_FWD.bind(chunk_plan(in_dtype, out_dtype, ints, a, log, f64, block, i64,
+                                             warps), (rows,), index)
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if read is not None:
+                x = read(x)
+            y = _new(shape, out_dtype, device)
+            launch(x, y, *ints)
+            return y
+
+        return forward
     chunk = cdiv(cdiv(n, split), block) * block
     split = cdiv(n, chunk)
     acc = torch.float64 if call.f64 else torch.float32
-    m = torch.empty(rows * split, dtype=acc, device=x.device)
-    s = torch.empty(rows * split, dtype=acc, device=x.device)
     stats = (n // a, sx // a, chunk, split)
-    _SPLIT_STATS(chunk_plan(x.dtype, None, stats, a, False, f64, block, i64, warps),
-                 (rows * split,), (x, m, s, *stats))
     norm = (n // a, sx // a, n // a, chunk, split)
-    _SPLIT_NORM(chunk_plan(x.dtype, y.dtype, norm, a, log, f64, block, i64, warps),
-                (rows * split,), (x, y, m, s, *norm))
-    return y
+    launch_stats = _SPLIT_STATS.bind(chunk_plan(in_dtype, None, stats, a, False, f64, block, i64,
+                                                warps), (rows * split,), index)
+    launch_norm = _SPLIT_NORM.bind(chunk_plan(in_dtype, out_dtype, norm, a, log, f64, block, i64,
+                                              warps), (rows * split,), index)
+
+    def split_forward(x: torch.Tensor) -> torch.Tensor:
+        if read is not None:
+            x = read(x)
+        y = _new(shape, out_dtype, device)
+        m = torch.empty(rows * split, dtype=acc, device=device)
+        s = torch.empty(rows * split, dtype=acc, device=device)
+        launch_stats(x, m, s, *stats)
+        launch_norm(x, y, m, s, *norm)
+        return y
+
+    return split_forward
 
 
 class OnlineBackend(Backend):
@@ -329,10 +360,16 @@ class OnlineBackend(Backend):
         return cfgs
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
+        return _run(call, lambda c: self._forward(c, config)(c.x))
+
+    def bind(self, call: SoftmaxCall, config):
+        return None if call.grad or call.numel == 0 else self._forward(call, config)
+
+    @staticmethod
+    def _forward(call: SoftmaxCall, config):
         if "COOP_CHUNK" in config:
-            return _run(call, lambda c: _coop_fwd(c, config["COOP_CHUNK"], config["num_warps"]))
-        return _run(call, lambda c: _online_fwd(c, config["BLOCK_N"], config["num_warps"],
-                                                config["SPLIT"]))
+            return _coop_fwd(call, config["COOP_CHUNK"], config["num_warps"])
+        return _online_fwd(call, config["BLOCK_N"], config["num_warps"], config["SPLIT"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         coop = self.coop_configs(call)

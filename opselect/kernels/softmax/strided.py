@@ -11,8 +11,9 @@ from ...heuristics import softmax as cost
 from .._common import Launcher, cdiv, needs_int64, next_pow2
 from .autograd import _run
 from .call import SoftmaxCall
-from .common import (TILE_MAX, _acc, _align, _cast_for, _empty_out, _finish, _merge, _online_step,
-                     _operand, _strided_plan, _warps, strided_constexprs, strided_launch_plan)
+from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _new, _online_step,
+                     _read_dtype, _reader, _strided_plan, _warps, strided_constexprs,
+                     strided_launch_plan)
 
 
 @triton.jit
@@ -73,9 +74,9 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
 _STRIDED_FWD = Launcher(_strided_fwd_kernel, strided_constexprs)
 
 
-def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) -> torch.Tensor:
-    x, so, sn = _operand(call)
-    y = _empty_out(call)
+def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int):
+    """The prepared forward over a non-last dim: a function x -> y of the call's input."""
+    read, so, sn = _reader(call)
     n, inner, outer = call.n, call.inner, call.outer
     bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, call.info.sm_count, block_i,
                                    tile)
@@ -85,10 +86,19 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int) ->
     ints = (n, inner // a, n_ib, so // a, sn // a)
     log, f64 = call.log, call.f64
     i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
-    plan = strided_launch_plan(x.dtype, y.dtype, None, ints, a, log, f64, bn, bi, single, i64,
-                               warps)
-    _STRIDED_FWD(plan, (outer * n_ib,), (x, y, *ints))
-    return y
+    shape, out_dtype, device = call.x.shape, call.out_dtype, call.x.device
+    plan = strided_launch_plan(_read_dtype(call), out_dtype, None, ints, a, log, f64, bn, bi,
+                               single, i64, warps)
+    launch = _STRIDED_FWD.bind(plan, (outer * n_ib,), call.info.index)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if read is not None:
+            x = read(x)
+        y = _new(shape, out_dtype, device)
+        launch(x, y, *ints)
+        return y
+
+    return forward
 
 
 class StridedBackend(Backend):
@@ -113,8 +123,14 @@ class StridedBackend(Backend):
         return cfgs
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: _strided_fwd(c, config["BLOCK_I"], config["TILE"],
-                                                 config.get("WARP_SCALE", 1)))
+        return _run(call, lambda c: self._forward(c, config)(c.x))
+
+    def bind(self, call: SoftmaxCall, config):
+        return None if call.grad or call.numel == 0 else self._forward(call, config)
+
+    @staticmethod
+    def _forward(call: SoftmaxCall, config):
+        return _strided_fwd(call, config["BLOCK_I"], config["TILE"], config.get("WARP_SCALE", 1))
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
