@@ -112,7 +112,8 @@ def _report(info_of: dict) -> str:
             if call_info is not None:
                 hashes = {b.name: b.source_hash for b in op.backends}
                 measured = store().get_timings(op.name, call_info, key[1:], hashes)
-                timings = {n: (t if math.isfinite(t) else 1e30) for n, (t, _c) in measured.items()}
+                timings = {n: (t if math.isfinite(t) else 1e30)
+                           for n, (t, *_config_host_device) in measured.items()}
             form, kind = _device_of_key(key[0])
             out.append({"op": op.name, "key": _key_tail(key), "choice": choice.backend.name,
                         "config": choice.config, "timings": timings, "form": form,

@@ -68,6 +68,13 @@ from .kernels import isin as _isin
 from .kernels import permute as _permute
 from .kernels import softmax as _softmax
 from .kernels import topk as _topk
+from .kernels.isin.call import plain_key as _isin_key
+from .kernels.permute.call import plain_key as _permute_key
+from .kernels.softmax.call import plain_key as _softmax_key
+from .kernels.softmax.call import prepare_keyed as _prepare_softmax
+from .kernels.topk.call import plain_key as _topk_key
+from .kernels.topk.call import prepare_keyed as _prepare_topk
+from .dispatch.tuning_mode import state as _tuning_state
 
 OPS = ("isin", "topk", "permute", "softmax", "log_softmax")
 
@@ -122,13 +129,49 @@ def _known(kwargs: Mapping[str, Any], names: frozenset) -> bool:
     return True
 
 
-def _counted(op: Op, prepare: Callable, backend: Optional[str], *args, **kwargs):
-    """An eager routed call: prepare(*args, **kwargs) and run it, with routing off meanwhile
-    (the `torch` backend calls torch's own op, which must not come back here)."""
+#: forced_routes' answer for a call not seen yet (None there means torch's op)
+_UNSEEN = object()
+
+
+def _route(op: Op, key: Optional[tuple], backend: Optional[str]) -> Any:
+    """The route of an eager call decided before (Op.routes, keyed as ops.py keys them): PASS
+    where it is torch's op (the wrapper then calls the original entry point: nothing of
+    opselect's runs in between), the chosen backend's prepared call, or None for a call not
+    decided yet (or whose route waits while tuning is on). The call is counted (stats())."""
+    if key is None:
+        return None
+    if backend is None:
+        route = op.routes.get(key)
+        if route is None or not (route[1] or not _tuning_state.active):
+            return None
+        _usage.count(op.name, route[2])
+        return PASS if route[0] is None else route[0]
+    prepared = op.forced_routes.get((backend, key), _UNSEEN)
+    if prepared is _UNSEEN:
+        return None
+    _usage.count(op.name, backend)
+    return PASS if prepared is None else prepared
+
+
+def _prepared(prepared: Callable, *tensors) -> Any:
+    """A backend's prepared call, with routing off meanwhile (a tensor method it calls, such as
+    contiguous(), must reach torch's own)."""
+    token = _state.suspend()
+    try:
+        return prepared(*tensors)
+    finally:
+        _state.resume(token)
+
+
+def _counted(op: Op, prepare: Callable, backend: Optional[str], key: Optional[tuple], *args,
+             **kwargs):
+    """An eager routed call seen for the first time: prepare(*args, **kwargs) and run it, which
+    installs its route under `key`, with routing off meanwhile (the `torch` backend calls
+    torch's own op, which must not come back here)."""
     token = _state.suspend()
     try:
         call = prepare(*args, **kwargs)
-        result = op.run(call, backend)
+        result = op.run(call, backend, key)
     finally:
         _state.resume(token)
     _usage.record_run(op, call, backend)
@@ -155,7 +198,11 @@ def _isin_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     backend = router.backends.get("isin")
     if _tracing(elements):
         return _library.isin(elements, test, assume_unique, invert, None, backend)
-    return _counted(_isin.OP, _isin.prepare, backend, elements, test,
+    key = _isin_key(elements, test, assume_unique, invert)
+    route = _route(_isin.OP, key, backend)
+    if route is not None:
+        return route if route is PASS else _prepared(route, elements, test)
+    return _counted(_isin.OP, _isin.prepare, backend, key, elements, test,
                     assume_unique=assume_unique, invert=invert)
 
 
@@ -177,7 +224,11 @@ def _topk_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     backend = router.backends.get("topk")
     if _tracing(x):
         return _library.topk(x, k, dim, largest, sorted_, backend)
-    return _counted(_topk.OP, _topk.prepare, backend, x, k, dim, largest, sorted_)
+    key = _topk_key(x, k, dim, largest, sorted_)
+    route = _route(_topk.OP, key, backend)
+    if route is not None:
+        return route if route is PASS else _prepared(route, x)
+    return _counted(_topk.OP, _prepare_topk, backend, key, key, x, k, dim, largest, sorted_)
 
 
 _SOFTMAX_KW = frozenset(("input", "dim", "dtype", "_stacklevel"))
@@ -188,7 +239,6 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
     F.softmax(input, dim=None, _stacklevel=3, dtype=None) (functional: dtype is 4th)."""
     name = "log_softmax" if log else "softmax"
     op = _softmax.LOG_SOFTMAX_OP if log else _softmax.SOFTMAX_OP
-    prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
     compiled = _library.log_softmax if log else _library.softmax
 
     def handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
@@ -202,7 +252,11 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
         backend = router.backends.get(name)
         if _tracing(x):
             return compiled(x, dim, dtype, backend)
-        return _counted(op, prepare, backend, x, dim, dtype=dtype)
+        key = _softmax_key(log, x, dim, dtype)
+        route = _route(op, key, backend)
+        if route is not None:
+            return route if route is PASS else _prepared(route, x)
+        return _counted(op, _prepare_softmax, backend, key, name, log, key, x, dim, dtype)
 
     return handler
 
@@ -223,7 +277,11 @@ def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
     backend = router.backends.get("permute")
     if _tracing(x):
         return _library.permute(x, dims, None, backend)
-    return _counted(_permute.OP, _permute.prepare, backend, x, dims)
+    key = _permute_key(x, dims)
+    route = _route(_permute.OP, key, backend)
+    if route is not None:
+        return route if route is PASS else _prepared(route, x)
+    return _counted(_permute.OP, _permute.prepare_keyed, backend, key, key, x, dims)
 
 
 def _already_contiguous(x: Any) -> bool:
@@ -275,7 +333,8 @@ def _reshape_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     target = _infer(shape, x.numel())
     if target is None or _view_strides(tuple(x.shape), x.stride(), target) is not None:
         return PASS  # a view does it (or the shape is wrong: torch says why)
-    return _copy_of_view(router, x).view(target)
+    copy = _copy_of_view(router, x)
+    return copy if copy is PASS else copy.view(target)  # (PASS: torch's reshape copies)
 
 
 def _infer(shape: tuple, numel: int) -> Optional[tuple]:

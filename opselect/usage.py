@@ -20,6 +20,11 @@ def record_run(op, call, backend) -> None:
     _ran[op.name][choice.backend.name if choice is not None else "torch"] += 1
 
 
+def count(op: str, backend: str) -> None:
+    """Count a routed call answered by its route (the backend the route names)."""
+    _ran[op][backend] += 1
+
+
 def record_trace(op: str, placed: str) -> None:
     """A compiled graph's call of `op` was given to `placed` ("opselect" or "aten") at trace time."""
     _traced[op][placed] += 1

@@ -83,7 +83,7 @@ def fake_timing(monkeypatch, seconds_of) -> None:
     monkeypatch.setattr(tuning_mode, "measure_safely",
                         lambda fn, device, what, **kw: seconds_of(what))
     monkeypatch.setattr(tuning_mode, "time_interleaved",
-                        lambda items, device, **kw: [seconds_of(what) for what, _fn in items])
+                        lambda items, device, **kw: [(seconds_of(what),) * 2 for what, _fn in items])
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from opselect import ops
 from opselect.dispatch.device import INTERPRETED, DeviceInfo
 from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
 from opselect.kernels import isin as isin_mod
+from opselect.kernels.isin.call import plain_key
 
 TRITON_BACKENDS = ["compare", "search", "hash", "bitmap"]
 INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -332,6 +333,115 @@ def test_out_resized_like_torch(cpu_triton):
 
 
 # ------------------------------------------------------------------------------------------------
+# Prepared calls (Backend.bind): made once per plain key, then run on every later input of it
+# ------------------------------------------------------------------------------------------------
+# (layout, isin's flags): each a plain key of its own
+PREPARED_CASES = [("plain", {}), ("plain", {"invert": True}), ("strided", {}),
+                  ("offset", {"assume_unique": True})]
+
+
+def _fresh_inputs(layout, dtype, gen):
+    """Fresh (elements, test_elements) of one plain key per layout, about half of the elements
+    members. plain: (3, 40) elements, 23 test elements, with the values the kernels treat
+    specially (NaN, -0.0 and 0.0; the dtype's extremes, the hash set's empty marker among
+    them). strided: the elements through a transpose and every other test element, with
+    values between them that match nothing (a kernel that read the memory as flat would see
+    them). offset: 1-d elements one element into their storage (another alignment), both
+    sets free of duplicates, as assume_unique promises."""
+    if layout == "offset":
+        elements = (torch.randperm(64, generator=gen)[:41] - 32).to(dtype)
+        return elements[1:], (torch.randperm(64, generator=gen)[:23] - 32).to(dtype)
+    elements = random_values(120, dtype, "cpu", lo=-30, hi=30, gen=gen)
+    test = random_values(23, dtype, "cpu", lo=-30, hi=30, gen=gen)
+    if dtype.is_floating_point:
+        elements[:3] = torch.tensor([float("nan"), -0.0, 0.0])
+        test[:2] = torch.tensor([0.0, float("nan")])
+    else:
+        info = torch.iinfo(dtype)
+        elements[:3] = torch.tensor([info.min, info.max, info.min + 1])
+        test[:2] = torch.tensor([info.min, info.max - 1])
+    elements = elements[torch.randperm(120, generator=gen)]
+    if layout == "plain":
+        return elements.reshape(3, 40), test
+    between = random_values(23, dtype, "cpu", lo=100, hi=120, gen=gen)
+    return elements.reshape(40, 3).t(), torch.stack([test, between], 1).reshape(-1)[::2]
+
+
+def _plain_key(elements, test, flags):
+    return plain_key(elements, test, flags.get("assume_unique", False),
+                     flags.get("invert", False))
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_prepared_call_answers_every_input_of_its_key(cpu_triton, backend):
+    """bind(call) once, then the prepared call on fresh inputs of the call's plain key (other
+    values, other storage): torch.isin's answer each time, into a new tensor and into a
+    contiguous out (run()'s way). Calls with out= or nothing to launch are not prepared."""
+    b = isin_mod.OP.backend(backend)
+    gen = torch.Generator().manual_seed(11)
+    # (int8: bitmap's whole-range bitmap; int64 with its extremes: bitmap's hash set)
+    dtypes = [torch.int8, torch.int32, torch.int64]
+    if backend != "bitmap":
+        dtypes.append(torch.float32)
+    for dtype in dtypes:
+        for layout, flags in PREPARED_CASES:
+            elements, test = _fresh_inputs(layout, dtype, gen)
+            key = _plain_key(elements, test, flags)
+            call = isin_mod.prepare(elements, test, **flags)
+            prepared = b.bind(call, b.configs(call)[0])
+            assert prepared is not None, (backend, dtype, layout)
+            for _ in range(3):
+                elements, test = _fresh_inputs(layout, dtype, gen)
+                assert _plain_key(elements, test, flags) == key
+                expected = torch.isin(elements, test, **flags)
+                what = f"{backend} {layout} {flags}"
+                _assert_same(prepared(elements, test), expected, elements, test, what)
+                poisoned = (~expected).contiguous()
+                assert prepared(elements, test, poisoned) is poisoned
+                _assert_same(poisoned, expected, elements, test, what)
+    a, t = torch.tensor([1, 2, 3]), torch.tensor([2])
+    config = b.configs(isin_mod.prepare(a, t))[0]
+    for unprepared in (isin_mod.prepare(a, t, out=torch.empty(3, dtype=torch.bool)),
+                       isin_mod.prepare(a, t[:0]), isin_mod.prepare(a[:0], t)):
+        assert b.bind(unprepared, config) is None
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_forced_backend_prepares_each_key_once(cpu_triton, backend, monkeypatch):
+    """ops.isin(..., backend=name) binds a plain key's call once: later calls of the key, with
+    new inputs, are answered by its forced route (Op.forced_routes), with no plan looked up and
+    nothing bound again. Another key binds once more; a call with out= runs, binding nothing."""
+    cls = type(isin_mod.OP.backend(backend))
+    binds, plans = [], []
+    real_bind, real_plan = cls.bind, cls.plan
+
+    def counting_bind(self, call, config):
+        binds.append(call)
+        return real_bind(self, call, config)
+
+    def counting_plan(self, *args, **kwargs):
+        plans.append(args)
+        return real_plan(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "bind", counting_bind)
+    monkeypatch.setattr(cls, "plan", counting_plan)
+    gen = torch.Generator().manual_seed(12)
+    for layout, flags in PREPARED_CASES[:2]:
+        for i in range(3):
+            elements, test = _fresh_inputs(layout, torch.int32, gen)
+            got = ops.isin(elements, test, backend=backend, **flags)
+            _assert_same(got, torch.isin(elements, test, **flags), elements, test, backend)
+            if i == 0:
+                key = (backend, _plain_key(elements, test, flags))
+                assert isin_mod.OP.forced_routes[key] is not None
+        assert len(binds) == len(plans) == (1 if flags == {} else 2), (binds, plans)
+    out = torch.empty(3, 40, dtype=torch.bool)
+    assert ops.isin(elements, test, out=out, backend=backend, invert=True) is out
+    _assert_same(out, torch.isin(elements, test, invert=True), elements, test, backend)
+    assert len(binds) == 2 and len(plans) == 3
+
+
+# ------------------------------------------------------------------------------------------------
 # The same on the GPU, at real sizes
 # ------------------------------------------------------------------------------------------------
 GPU_SIZES = [(1 << 20, 16), (3_000_001, 1000), (1 << 22, 1 << 16), (1 << 20, 3_000_000)]
@@ -468,3 +578,28 @@ def test_first_config_follows_the_h200_tuning(m, n, dtype, backend, first):
     call.info = DeviceInfo("cuda", 0, "NVIDIA H200", (9, 0), 132, 60 << 20, 141 << 30)
     cfg = op.backend(backend).configs(call)[0]
     assert {key: cfg[key] for key in first} == first
+
+
+_NEGATIVE_NAN_BITS = {torch.float16: (torch.int16, -512), torch.bfloat16: (torch.int16, -64),
+                      torch.float32: (torch.int32, -4194304),
+                      torch.float64: (torch.int64, -2251799813685248)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(_NEGATIVE_NAN_BITS), ids=str)
+def test_search_with_a_negative_nan_in_the_test_set(cuda, dtype):
+    """torch.sort on CUDA puts a NaN with its sign bit set first (torch's own float -> bfloat16
+    copy makes them); search's table needs every NaN last, or elements equal to the smallest
+    test value are missed."""
+    bits, value = _NEGATIVE_NAN_BITS[dtype]
+    nan = torch.tensor([value], dtype=bits, device=cuda).view(dtype)
+    assert torch.isnan(nan).all() and (nan.view(bits) < 0).all()
+    test = torch.cat([torch.tensor([3.0, -1.0, 7.0, 2.0], device=cuda, dtype=dtype), nan, nan])
+    gen = torch.Generator(device=cuda).manual_seed(0)
+    picks = torch.tensor([3.0, -1.0, 7.0, 2.0, 5.0, float("nan")], device=cuda, dtype=dtype)
+    elements = picks[torch.randint(0, 6, (4096,), device=cuda, generator=gen)]
+    want = torch.isin(elements, test)
+    assert want[elements == -1.0].all()
+    for backend in ("search", "compare", "hash"):
+        got = ops.isin(elements, test, backend=backend)
+        assert torch.equal(got, want), backend

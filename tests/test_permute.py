@@ -25,6 +25,7 @@ from opselect.kernels import permute as P
 from opselect.kernels.permute import naive as P_naive
 from opselect.kernels.permute import tiled as P_tiled
 from opselect.kernels.permute import vectorized as P_vectorized
+from opselect.kernels.permute.call import plain_key
 
 BACKENDS = ("naive", "tiled", "vectorized")
 # Every element size the kernels move, and the dtypes with special bytes (bool, complex, float8).
@@ -612,6 +613,102 @@ def test_sample():
         P.sample([[2], [3]], torch.float32, {}, "cpu")
     with pytest.raises(InvalidArgument, match="layout"):
         P.sample([[2]], torch.float32, {"layout": "weird"}, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# prepared calls (Backend.bind): everything the plain key decides, worked out once
+# ---------------------------------------------------------------------------------------------
+def same_key_input(shape, dtype, layout: str) -> torch.Tensor:
+    """A new tensor (new values, new storage) whose plain key depends on the arguments alone.
+    "moved" is a view whose stride-1 dim is its first (the kernels see it through its storage)."""
+    if layout == "moved":
+        base = P.random_tensor(list(shape[1:]) + [shape[0]], dtype, "cpu")
+        return base.permute(len(shape) - 1, *range(len(shape) - 1))
+    return make_input(shape, dtype, layout, "cpu", seed=3)  # (the geometry follows the seed)
+
+
+# (shape, dims): a transpose, a kept last dim (widened), 16-byte runs the tiled kernel takes as
+# one element, a narrow group of 3, and a kept run of the "moved" input.
+PREPARED_CASES = (((5, 12), (1, 0)), ((3, 4, 6), (1, 0, 2)), ((4, 6, 2), (1, 0, 2)),
+                  ((6, 7, 3), (2, 0, 1)), ((16, 4, 6), (2, 1, 0)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prepared_call_answers_every_input_of_its_key(cpu_triton, backend):
+    """bind() of a plain call gives a function that permutes any input of the call's plain key
+    (new values, new storage) into a new contiguous tensor: contiguous inputs, misaligned slices
+    (their own key), strided views, every element size, under every config."""
+    b = P.OP.backend(backend)
+    bound = 0
+    for shape, dims in PREPARED_CASES:
+        for layout in ("contiguous", "offset", "moved"):
+            for dtype in (torch.bool, torch.uint8, torch.float16, torch.float32,
+                          torch.complex128):
+                x = same_key_input(shape, dtype, layout)
+                call = P.OP.prepare(x, dims)
+                if b.supports(call) is not None:
+                    continue
+                key = plain_key(x, dims)
+                configs = b.configs(call) if dtype == torch.float16 else b.configs(call)[:1]
+                for config in configs:
+                    permuted = b.bind(call, config)
+                    assert permuted is not None, (shape, dims, layout, dtype, config)
+                    results = []  # (kept alive: each result is a tensor of its own)
+                    for _ in range(3):
+                        y = same_key_input(shape, dtype, layout)
+                        assert plain_key(y, dims) == key
+                        got = permuted(y)
+                        assert_same(got, reference(y, dims))
+                        assert got.data_ptr() not in [r.data_ptr() for r in results + [y]]
+                        results.append(got)
+                    bound += 1
+    assert bound >= 10
+
+
+def test_calls_that_are_not_prepared(cpu_triton):
+    """out=, autograd, empty calls and the inputs only torch takes go through run()."""
+    x = P.random_tensor((5, 12), torch.float32, cpu_triton)
+    for name in BACKENDS:
+        b = P.OP.backend(name)
+        dims = (1, 0) if name != "vectorized" else (0, 1)
+        config = b.configs(P.OP.prepare(x, dims))[0]
+        assert b.bind(P.OP.prepare(x, dims), config) is not None
+        assert b.bind(P.OP.prepare(x, dims, out=torch.empty(0)), config) is None
+        assert b.bind(P.OP.prepare(x.clone().requires_grad_(), dims), config) is None
+        assert b.bind(P.OP.prepare(x[:0], dims), config) is None
+        z = P.random_tensor((5, 12), torch.complex64, cpu_triton).conj()
+        assert b.bind(P.OP.prepare(z, dims), b.configs(P.OP.prepare(z, dims))[0]) is None
+
+
+@pytest.mark.parametrize("backend, shape, dims, dtype, builders", [
+    ("naive", (5, 12), (1, 0), torch.float32, (P_naive, "naive_plan")),
+    ("tiled", (5, 12), (1, 0), torch.float32, (P_tiled, "tiled_launch_plan")),
+    ("tiled", (6, 7, 3), (2, 0, 1), torch.uint8, (P_tiled, "narrow_launch_plan")),
+    ("vectorized", (3, 4, 6), (1, 0, 2), torch.float16, (P_vectorized, "runs_plan")),
+])
+def test_forced_route_works_its_plan_out_once(cpu_triton, monkeypatch, backend, shape, dims,
+                                              dtype, builders):
+    """A forced call through ops.permute binds once per plain key; later calls of the key (new
+    tensors) are answered by the forced route, with no plan, no bind and no prepare."""
+    b = P.OP.backend(backend)
+    counts = {"bind": 0, "prepare": 0, "launch plan": 0}
+
+    def counting(what, fn):
+        def counted(*args, **kwargs):
+            counts[what] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    module, builder = builders
+    monkeypatch.setattr(b, "bind", counting("bind", b.bind))
+    monkeypatch.setattr(b, "_prepare", counting("prepare", b._prepare))
+    monkeypatch.setattr(module, builder, counting("launch plan", getattr(module, builder)))
+    for layout, binds in (("contiguous", 1), ("offset", 2)):  # a misaligned slice: its own key
+        for _ in range(3):
+            x = same_key_input(shape, dtype, layout)
+            assert_same(ops.permute(x, dims, backend=backend), reference(x, dims))
+            assert counts == {"bind": binds, "prepare": binds, "launch plan": binds}
+            assert (backend, plain_key(x, dims)) in P.OP.forced_routes
 
 
 # ---------------------------------------------------------------------------------------------

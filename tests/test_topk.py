@@ -28,6 +28,7 @@ from opselect.kernels import topk as K
 from opselect.kernels.topk import maxima as K_maxima
 from opselect.kernels.topk import radix as K_radix
 from opselect.kernels.topk import tournament as K_tournament
+from opselect.kernels.topk.call import plain_key
 
 BACKENDS = ("radix", "tournament", "maxima", "sort", "bitonic")
 TRITON_BACKENDS = ("radix", "tournament", "maxima", "bitonic")
@@ -582,6 +583,149 @@ def test_autograd(cpu_triton, backend):
 
 
 # ---------------------------------------------------------------------------------------------
+# prepared calls (Backend.bind) and the routes that keep them
+# ---------------------------------------------------------------------------------------------
+def distinct(shape, seed: int) -> torch.Tensor:
+    """Values without ties (a shuffled range about 0): torch's indices are the only right ones."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    return (torch.randperm(n, generator=g) - n // 2).float().reshape(shape)
+
+
+def same_result(got, want) -> None:
+    """The same values and indices, with the same shapes, strides and dtypes."""
+    assert isinstance(got, torch.return_types.topk)
+    for a, b in zip(got, want):
+        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())
+        assert torch.equal(a, b), (a, b)
+
+
+def bound(name: str, x: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
+          sorted_: bool = True, config: dict | None = None):
+    """Backend `name`'s prepared call of topk(x, k, dim, largest, sorted_)."""
+    call = K.prepare(x, k, dim, largest, sorted_)
+    backend = K.OP.backend(name)
+    assert backend.supports(call) is None
+    prepared = backend.bind(call, backend.configs(call)[0] if config is None else config)
+    assert prepared is not None, f"{name} did not prepare {call.describe()}"
+    return prepared
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_prepared_call_answers_fresh_inputs(cpu_triton, name):
+    # One prepared call serves every input of its plain key: other values at another address
+    # (and alignment: the sliced rows start one element in), never the input it was made for.
+    cases = [(lambda seed: distinct((4, 300), seed), 5, -1, True, (1, 2, 3)),
+             (lambda seed: distinct((4, 301), seed)[:, 1:], 5, -1, True, (1,)),  # rows in place
+             (lambda seed: distinct((300, 4), seed).t(), 5, -1, True, (1,)),  # columns apart
+             (lambda seed: distinct((300, 3), seed), 4, 0, True, (1,)),
+             (lambda seed: distinct((4, 300), seed), 5, -1, False, (1,))]
+    for make, k, dim, largest, seeds in cases:
+        prepared = bound(name, make(0), k, dim, largest)
+        for seed in seeds:
+            x = make(seed)
+            same_result(prepared(x), torch.topk(x, k, dim, largest))
+    # Ties, unsorted: torch's values as a multiset, every index pointing at its value.
+    x = torch.randint(0, 4, (4, 300), generator=torch.Generator().manual_seed(5)).float()
+    values, indices = bound(name, torch.zeros(4, 300), 10, sorted_=False)(x)
+    ref = torch.topk(x, 10, sorted=False)
+    assert torch.equal(values.sort(-1).values, ref.values.sort(-1).values)
+    assert torch.equal(torch.gather(x, 1, indices), values)
+
+
+@pytest.mark.parametrize("rows,n,k,mode", [(2, 400, 30, "direct"), (1, 3000, 20, "split"),
+                                           (4, 1200, 9, "fused")])
+def test_radix_prepared_modes(cpu_triton, rows, n, k, mode):
+    plan, _, _ = plan_of(distinct((rows, n), 0), k)
+    assert plan.mode == mode
+    prepared = bound("radix", distinct((rows, n), 0), k)
+    for seed in (1, 2):
+        x = distinct((rows, n), seed)
+        same_result(prepared(x), torch.topk(x, k))
+
+
+def test_radix_prepared_one_launch(cpu_triton, monkeypatch):
+    # The one-launch mode (its workspace zeroed per call), as test_radix_one_launch_kernel
+    # runs it in the interpreter: one program per row.
+    x = distinct((3, 2400), 0)
+    call = K.prepare(x, 70)
+    backend = K.OP.backend("radix")
+    cfg = dict(backend.configs(call)[0])
+    split_plan = backend.make_plan(call, cfg, call.info.sm_count)
+    tops = split_plan.sample_blocks * split_plan.tops_per_sample_block
+    coop_plan = dataclasses.replace(
+        split_plan, mode="coop", programs_per_row=1, sample_blocks=1,
+        tiles_per_program=-(-call.N // split_plan.tile),
+        tops_per_sample_block=min(split_plan.samples_per_block, tops))
+    monkeypatch.setattr(backend, "make_plan", lambda *args: coop_plan)
+    forget_plans()
+    try:
+        prepared = bound("radix", x, 70, config=cfg)
+    finally:
+        forget_plans()
+    for seed in (1, 2):
+        x = distinct((3, 2400), seed)
+        same_result(prepared(x), torch.topk(x, 70))
+
+
+@pytest.mark.parametrize("name", ["radix", "maxima"])
+def test_prepared_64_bit_keys_sort_after(cpu_triton, name):
+    # The kernels leave 64-bit keys' winners unordered; torch.sort orders them, per call.
+    prepared = bound(name, distinct((2, 2000), 0).double(), 25, largest=False)
+    for seed in (1, 2):
+        x = distinct((2, 2000), seed).double()
+        same_result(prepared(x), torch.topk(x, 25, largest=False))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_forced_route_prepares_once(cpu_triton, monkeypatch, name):
+    # The first forced call plans and binds; its route (Op.forced_routes) answers later calls of
+    # the same plain key with new inputs: no plan made again (the memo is emptied to show it),
+    # no second bind.
+    backend = K.OP.backend(name)
+    binds, plans = [], []
+    bind = backend.bind
+    monkeypatch.setattr(backend, "bind", lambda *args: binds.append(args) or bind(*args))
+    if hasattr(backend, "make_plan"):
+        make_plan = backend.make_plan
+        monkeypatch.setattr(backend, "make_plan",
+                            lambda *args: plans.append(args) or make_plan(*args))
+    forget_plans()
+    x = distinct((3, 300), 0)
+    same_result(ops.topk(x, 4, backend=name), torch.topk(x, 4))
+    assert len(binds) == 1
+    assert bool(plans) == hasattr(backend, "make_plan")
+    planned = len(plans)
+    forget_plans()
+    for seed in (1, 2, 3):
+        x = distinct((3, 300), seed)
+        same_result(ops.topk(x, 4, backend=name), torch.topk(x, 4))
+    assert len(binds) == 1 and len(plans) == planned
+    key = plain_key(x, 4, -1, True, True)
+    assert K.OP.forced_routes[(name, key)] is not None
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_prepared_calls_leave_autograd_and_empty_calls_to_run(cpu_triton, name):
+    backend = K.OP.backend(name)
+    x = torch.randn(3, 40)
+    for call in (K.prepare(x.requires_grad_(True), 5), K.prepare(torch.randn(3, 0), 0),
+                 K.prepare(torch.randn(0, 7), 3), K.prepare(torch.tensor(1.5), 1)):
+        assert backend.bind(call, backend.configs(call)[0]) is None
+    # A route made without autograd does not answer a call that needs it (the plain key says
+    # whether autograd records the call).
+    w = torch.randn(3, 5)
+    with torch.no_grad():
+        ops.topk(x, 5, backend=name)
+    values, _ = ops.topk(x, 5, backend=name)
+    assert values.requires_grad
+    (values * w).sum().backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    (torch.topk(ref_x, 5).values * w).sum().backward()
+    assert torch.equal(x.grad, ref_x.grad)
+
+
+# ---------------------------------------------------------------------------------------------
 # properties
 # ---------------------------------------------------------------------------------------------
 @settings(max_examples=20, **SETTINGS)
@@ -987,3 +1131,28 @@ def test_gpu_row_past_2_31_elements(cuda):
     x[n - 1] = 0
     values, indices = ops.topk(x, 1, backend="tournament")
     assert values.tolist() == [13] and indices.tolist() == [1 << 31]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, bits, value", [
+    (torch.float16, torch.int16, -512), (torch.bfloat16, torch.int16, -64),
+    (torch.float32, torch.int32, -4194304), (torch.float64, torch.int64, -2251799813685248)],
+    ids=str)
+@pytest.mark.parametrize("largest", [True, False])
+def test_negative_nans_are_the_largest_values_in_every_backend(cuda, dtype, bits, value, largest):
+    """A NaN with its sign bit set (torch's own float -> bfloat16 copy makes them) is as large as
+    any NaN to topk; torch.sort on CUDA puts it below every number."""
+    gen = torch.Generator(device=cuda).manual_seed(0)
+    x = torch.randn(6, 300, device=cuda, generator=gen).to(dtype)
+    nan = torch.tensor([value], dtype=bits, device=cuda).view(dtype)
+    x[:, ::37] = nan
+    want = torch.topk(x, 12, largest=largest)
+    for backend in ("sort", "radix", "tournament", "bitonic", "maxima"):
+        try:
+            got = ops.topk(x, 12, largest=largest, backend=backend)
+        except BackendError:
+            continue
+        assert torch.equal(got.values.isnan(), want.values.isnan()), backend
+        finite = ~want.values.isnan()
+        assert torch.equal(got.values[finite], want.values[finite]), backend
+        assert torch.equal(x.gather(1, got.indices).isnan(), want.values.isnan()), backend

@@ -131,6 +131,16 @@ class TorchBackend(Backend):
     def run(self, call: Any, config: Config) -> Any:
         return self._fn(call)
 
+    def bind(self, call: Any, config: Config) -> Callable[..., Any] | None:
+        """torch's op on other tensors of the call's plain key (the call's for_input); routes
+        of torch's op are answered by ops.py directly, so this serves the prepared calls that
+        choose per regime (Op._route)."""
+        remake = getattr(call, "for_input", None)
+        if remake is None:
+            return None
+        fn = self._fn
+        return lambda *tensors: fn(remake(*tensors))
+
 
 def _with_plan_argument(estimate: Callable[..., Estimate]) -> Callable[[Any, Any, Any], Estimate]:
     """Accept an estimate written as (call, model), the form before plans existed, as well as

@@ -20,7 +20,7 @@ from ..errors import BackendError, CacheWarning
 from . import isolation as _isolation
 from . import tuning_mode as _tuning
 from .backend import Backend
-from .decision import Candidate, Decision
+from .decision import GRAPH, Candidate, Decision
 from .device import DeviceInfo
 
 AUTO = ("auto", None)
@@ -135,12 +135,20 @@ class Choice:
     source: str
     #: A choice the cost model made (fully or in part) is re-decided once in tuning mode.
     provisional: bool = False
+    #: The choice while a CUDA graph captures the call (only device time counts there), where
+    #: it differs from this one; None: the same.
+    graph: "Choice | None" = None
 
     @classmethod
     def of(cls, op: "Op", decision: Decision) -> "Choice":
         """The memo's entry for a decision of op."""
+        provisional = decision.source in ("model", "cache+model")
+        graph = None
+        if decision.graph_choice is not None:
+            graph = cls(op.backend(decision.graph_choice), dict(decision.graph_config or {}),
+                        decision.source, provisional)
         return cls(op.backend(decision.choice), decision.config, decision.source,
-                   provisional=decision.source in ("model", "cache+model"))
+                   provisional=provisional, graph=graph)
 
 
 def fresh_decisions() -> tuple[dict, dict, dict]:
@@ -185,13 +193,14 @@ class Op:
         self._by_name = {b.name: b for b in self.backends}
         self._torch = self.backends[0]
         #: Decided calls by the public function's plain arguments (ops.py builds the key:
-        #: shapes, strides, dtypes, device, the scalar arguments) -> (prepared call, settled).
-        #: The prepared call is the chosen backend's bind() of the call, a function of its
-        #: tensors, or None where the choice is torch's own op (ops.py calls it directly);
-        #: settled is False for the cost model's choices, decided again in tuning mode. ops.py
-        #: answers a call found here before preparing it: a repeat call is its key, one lookup
-        #: and the launch. Derived from the two memos below and emptied by any change to them.
-        self.routes: dict[tuple, tuple[Callable[..., Any] | None, bool]]
+        #: shapes, strides, dtypes, device, the scalar arguments) -> (prepared call, settled,
+        #: backend name). The prepared call is the chosen backend's bind() of the call, a
+        #: function of its tensors, or None where the choice is torch's own op (ops.py calls it
+        #: directly); settled is False for the cost model's choices, decided again in tuning
+        #: mode. ops.py (and routing.py) answer a call found here before preparing it: a repeat
+        #: call is its key, one lookup and the launch. Derived from the two memos below and
+        #: emptied by any change to them.
+        self.routes: dict[tuple, tuple[Callable[..., Any] | None, bool, str]]
         #: settled choices (measured, cached, the only candidate, agreed across ranks) per key
         self._memo: dict[tuple, Choice]
         #: the cost model's (provisional) choices, per exact call (Call.exact)
@@ -234,9 +243,11 @@ class Op:
                     routes = self.routes
                     if len(routes) >= ROUTES_MAX:
                         routes.clear()
-                    routes[route] = (prepared, not choice.provisional)
+                    routes[route] = (prepared, not choice.provisional, choice.backend.name)
                     if prepared is not None:
                         return prepared(*call.inputs())
+            if choice.graph is not None and _tuning.capturing(call.info):
+                choice = choice.graph
         else:
             choice = self._forced.get((backend, call.key)) or self._force(call, backend)
             if route is not None:
@@ -257,7 +268,27 @@ class Op:
 
     def _route(self, call: Call, choice: Choice) -> Callable[..., Any] | None | bool:
         """What a route of this call holds: None for torch's own op, the chosen backend's
-        prepared call, or False when the call cannot be prepared (no route)."""
+        prepared call, or False when the call cannot be prepared (no route). Where the choice
+        under a CUDA graph differs, a prepared call that asks, per call, whether the current
+        stream is capturing and runs that regime's choice."""
+        eager = self._prepared(call, choice)
+        if choice.graph is None or eager is False:
+            return eager
+        graph = self._prepared(call, choice.graph)
+        if eager is None:
+            eager = self._torch.bind(call, {})
+        if graph is None:
+            graph = self._torch.bind(call, {})
+        if not (callable(eager) and callable(graph)):
+            return False
+        info = call.info
+
+        def by_regime(*tensors: Any) -> Any:
+            return (graph if _tuning.capturing(info) else eager)(*tensors)
+
+        return by_regime
+
+    def _prepared(self, call: Call, choice: Choice) -> Callable[..., Any] | None | bool:
         if choice.backend is self._torch:
             return None
         if call.empty:
@@ -354,12 +385,13 @@ class Op:
                                      {c.name: self._by_name[c.name].source_hash for c in able})
         for c in able:
             if c.name in measured:
-                seconds, config = measured[c.name]
+                seconds, config, host, device = measured[c.name]
                 # A record's config is data from a file, another rank or a server: only one the
                 # backend itself offers for this call is ever run (a planted one could ask a
                 # kernel for any block size); another is measured again.
                 if config in (dict(cfg) for cfg in self._by_name[c.name].configs(call)):
                     c.measured_s, c.config = seconds, config
+                    c.measured_host_s, c.measured_device_s = host, device
                 else:
                     _warn_foreign_config(self.name, c.name, config)
         missing = [c for c in able if c.measured_s is None]
@@ -375,18 +407,20 @@ class Op:
             # wins here too. The cached ones are timed again: times taken in another process
             # (other clocks, other neighbours) do not compare with these.
             settled = self._settle(able, call)
-            cache.put_timings(self.name, call.info, call.key[1:],
-                              {c.name: (settled[c.name], c.config, self._by_name[c.name].source_hash)
-                               for c in able})
+            cache.put_timings(self.name, call.info, call.key[1:], {
+                c.name: (_tuning.steady(settled[c.name]), c.config,
+                         self._by_name[c.name].source_hash, *settled[c.name]) for c in able})
             for c in able:
-                c.measured_s = settled[c.name]
+                c.measured_host_s, c.measured_device_s = settled[c.name]
+                c.measured_s = _tuning.steady(settled[c.name])
             tuned = True
 
-        def time_of(c: Candidate) -> float:
-            return c.measured_s if c.measured_s is not None else c.predicted_s
-
         all_measured = all(c.measured_s is not None for c in able)
-        best = choose(able, time_of, MEASURED_TORCH_MARGIN if all_measured else TORCH_MARGIN)
+        margin = MEASURED_TORCH_MARGIN if all_measured else TORCH_MARGIN
+        best = choose(able, Candidate.time, margin)
+        # Under a CUDA graph only device time counts: a backend that loses an eager call on its
+        # host time may win it there (the graph replays its kernels, not its Python).
+        in_graph = choose(able, lambda c: c.time(GRAPH), margin)
         if tuned:
             source = "tuning"
         elif all_measured:
@@ -395,9 +429,15 @@ class Op:
             source = "cache+model"
         else:
             source = "model"
-        config = best.config if best.config is not None else dict(
-            self._by_name[best.name].configs(call)[0])
-        return self._decision(call, candidates, best, source, config)
+        decision = self._decision(call, candidates, best, source, self._config_of(best, call))
+        if in_graph is not best:
+            decision.graph_choice = in_graph.name
+            decision.graph_config = self._config_of(in_graph, call)
+        return decision
+
+    def _config_of(self, c: Candidate, call: Call) -> dict[str, Any]:
+        return dict(c.config) if c.config is not None else dict(
+            self._by_name[c.name].configs(call)[0])
 
     def _decision(self, call: Call, candidates: list[Candidate], best: Candidate, source: str,
                   config: dict[str, Any]) -> Decision:
@@ -442,11 +482,12 @@ class Op:
         fn.runs_alone = True  # type: ignore[attr-defined]  (see _times_the_run_alone)
         return fn if self.timed is None else self.timed(call, fn)
 
-    def _settle(self, able: list[Candidate], call: Call) -> dict[str, float]:
-        """Stage 2 of measuring (tuning_mode.time_interleaved): seconds per call of each
-        candidate's configuration in turns with the others; inf for one that failed before. The
-        cold model's choice is timed with its first configuration too, and a candidate keeps
-        whichever of its configurations won (its `config` is set to it).
+    def _settle(self, able: list[Candidate], call: Call) -> dict[str, tuple[float, float]]:
+        """Stage 2 of measuring (tuning_mode.time_interleaved): (host, device) seconds per call
+        of each candidate's configuration in turns with the others; inf for one that failed
+        before. The cold model's choice is timed with its first configuration too, and a
+        candidate keeps whichever of its configurations won the steady-state eager time (its
+        `config` is set to it).
 
         Each candidate is timed through the public function with the op's decisions pinned to
         it (_pinned_public), where the op can replay its call: a choice of torch's op is then
@@ -480,9 +521,9 @@ class Op:
             times = _tuning.time_interleaved(items, _device_of(call))
         finally:
             self.decisions = saved
-        best: dict[str, float] = {c.name: math.inf for c in able}
+        best: dict[str, tuple[float, float]] = {c.name: (math.inf, math.inf) for c in able}
         for (c, cfg), t in zip(entries, times):
-            if t < best[c.name]:
+            if _tuning.steady(t) < _tuning.steady(best[c.name]):
                 best[c.name] = t
                 c.config = cfg
         return best

@@ -114,31 +114,46 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
 #: measure_all, then timed by time_interleaved against every other candidate of the call, each
 #: through the public function with the op's choice pinned to it (/2; /1 timed the backends'
 #: run() alone, without the host time of the path that reaches them), in passes until they
-#: agree (/3; /2 took one pass, which a disturbance right after the first compiles could skew).
-METHOD = "interleaved wall clock, back-to-back calls through the public function/3"
+#: agree (/3; /2 took one pass, which a disturbance right after the first compiles could skew),
+#: host and device time measured apart in each block, the device kept busy while the host
+#: queues it (/4; /3 took the wall clock of a block, which mixed the two).
+METHOD = "interleaved blocks through the public function, host and device apart/4"
+
+#: Calls of one block at most: the device queue must hold a whole block while the device sleeps
+#: (a few thousand launches fit; a call launches up to a handful of kernels).
+BLOCK_CALLS_MAX = 200
+#: SM clock assumed when sizing the sleep in cycles (a slower clock only sleeps longer)
+_SLEEP_CYCLES_PER_S = 2.0e9
 
 
 def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.device, *,
                      rounds: int | None = None, block_s: float = 1e-3, passes: int | None = None,
-                     settled: float = 0.05) -> list[float]:
-    """Seconds per call of each (what, fn), timed as a user's program runs them: a block of
-    back-to-back calls between two synchronisations, by the wall clock, the candidates taking
-    turns (the order rotates every round), the median of each one's blocks.
+                     settled: float = 0.05) -> list[tuple[float, float]]:
+    """(host seconds, device seconds) per call of each (what, fn), measured apart, as a user's
+    program runs them: blocks of back-to-back calls between two synchronisations, the
+    candidates taking turns (the order rotates every round), the median of each one's blocks.
+
+    Host time is the wall clock of issuing a block (no sync inside it): Python, argument
+    handling, allocations, launches, what a Python autograd.Function adds. Device time is read
+    from CUDA events around the block while the device was kept busy (a sleep kernel) until the
+    host had queued all of it, so it is the kernels back to back, without the host's gaps: what
+    a captured CUDA graph replays. An eager call costs the larger of the two; under a graph, the
+    device time alone. (A wall clock of whole blocks, the method before, saw only the larger:
+    softmax 2 x 151936 float32 ranked online, 11 us of device time, by its 34 us of host time.)
 
     This is the measurement that settles a choice. do_bench (measure_all) flushes L2 between
-    runs and reads device events, which hide host time while the device is the busier of the
-    two: right for ranking configurations of one kernel, wrong for a call whose cost is its
-    host time (a small call pays the launch, the allocations and, for a Python autograd.Function,
-    its overhead, which torch's C++ op does not). Back-to-back blocks include that time exactly
-    when it is what the program waits for; turns within each round put every candidate in the
-    same conditions (clocks, temperature, what the others left in L2). A failing fn gets inf.
+    runs: right for ranking configurations of one kernel; these blocks run as the program does,
+    every candidate in the same conditions (clocks, temperature, what the others left in L2).
+    A failing fn gets (inf, inf).
 
     The rounds are repeated (up to `passes` times, 4 on a GPU) until a pass gives every
-    candidate's median within `settled` of the one before, and each candidate gets its lowest
-    median. Right after a process's first compiles the H200 ran every candidate of a 20 us call
-    about 1.6x slower for a while, unevenly: one pass then ranked torch's route (33 us, 20 in the
-    program) behind a backend that lost to it by 1.33x in use (benchmarks/NOTES.md). A
-    disturbance only adds time, so the lowest of settled passes is the program's.
+    candidate's medians within `settled` of the pass before, and each candidate gets its lowest
+    medians. Right after a process's first compiles the H200 ran every candidate of a 20 us call
+    about 1.6x slower for a while, unevenly (benchmarks/NOTES.md). A disturbance only adds time,
+    so the lowest of settled passes is the program's.
+
+    On the CPU (Triton's interpreter) a call runs to its end on the host: both times are the
+    wall clock of one call.
     """
     cuda = device.type == "cuda"
     rounds = rounds if rounds is not None else (7 if cuda else 2)
@@ -149,11 +164,13 @@ def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.d
             torch.cuda.synchronize(device)
 
     calls_per_block: list[int] = []
+    sleep_cycles: list[int] = []
     for what, fn in items:
         try:
             fn()  # warm-up (caches, lazy plans)
             if not cuda:  # (interpreted kernels: one call a block, each already a long one)
                 calls_per_block.append(1)
+                sleep_cycles.append(0)
                 continue
             sync()  # one timed call sizes the blocks
             start = time.perf_counter()
@@ -163,44 +180,69 @@ def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.d
         except Exception as exc:  # noqa: BLE001 - a failing candidate is ranked last
             _failed(what, exc)
             calls_per_block.append(0)
+            sleep_cycles.append(0)
             continue
-        calls_per_block.append(max(1, min(1000, int(block_s / max(once, 1e-7)))))
+        reps = max(1, min(BLOCK_CALLS_MAX, int(block_s / max(once, 1e-7))))
+        calls_per_block.append(reps)
+        # Long enough for the host to queue the block (`once` bounds a call's host time), and
+        # no longer than needed: the sleep is device time spent on nothing.
+        sleep_cycles.append(int(min(0.05, 2 * reps * once + 20e-6) * _SLEEP_CYCLES_PER_S))
 
-    def one_pass() -> list[float]:
-        samples: list[list[float]] = [[] for _ in items]
+    def one_block(fn: Callable[[], Any], reps: int, cycles: int) -> tuple[float, float]:
+        if not cuda:
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            spent = (time.perf_counter() - start) / reps
+            return spent, spent
+        sync()
+        torch.cuda._sleep(cycles)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        host = (time.perf_counter() - start) / reps
+        end.record()
+        end.synchronize()
+        return host, begin.elapsed_time(end) / 1e3 / reps
+
+    def one_pass() -> list[tuple[float, float]]:
+        samples: list[list[tuple[float, float]]] = [[] for _ in items]
         live = [i for i, reps in enumerate(calls_per_block) if reps]
         for r in range(rounds if live else 0):
             shift = r % len(live)
             for i in live[shift:] + live[:shift]:
                 what, fn = items[i]
-                reps = calls_per_block[i]
-                if not reps:
+                if not calls_per_block[i]:
                     continue  # failed in an earlier turn
                 try:
-                    sync()
-                    start = time.perf_counter()
-                    for _ in range(reps):
-                        fn()
-                    sync()
+                    samples[i].append(one_block(fn, calls_per_block[i], sleep_cycles[i]))
                 except Exception as exc:  # noqa: BLE001
                     _failed(what, exc)
                     calls_per_block[i] = 0
-                    continue
-                samples[i].append((time.perf_counter() - start) / reps)
-        return [statistics.median(s) if s else math.inf for s in samples]
+        return [(statistics.median(h for h, _ in s), statistics.median(d for _, d in s))
+                if s else (math.inf, math.inf) for s in samples]
 
-    def agree(a: float, b: float) -> bool:
-        return not (math.isfinite(a) and math.isfinite(b)) or abs(a - b) <= settled * min(a, b)
+    def agree(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return all(not (math.isfinite(x) and math.isfinite(y)) or abs(x - y) <= settled * min(x, y)
+                   for x, y in zip(a, b))
 
-    lowest = [math.inf] * len(items)
-    previous: list[float] | None = None
+    lowest = [(math.inf, math.inf)] * len(items)
+    previous: list[tuple[float, float]] | None = None
     for _ in range(passes):
         medians = one_pass()
-        lowest = [min(low, m) for low, m in zip(lowest, medians)]
+        lowest = [(min(lo[0], m[0]), min(lo[1], m[1])) for lo, m in zip(lowest, medians)]
         if previous is not None and all(map(agree, medians, previous)):
             break
         previous = medians
-    return [low if calls_per_block[i] else math.inf for i, low in enumerate(lowest)]
+    return [low if calls_per_block[i] else (math.inf, math.inf) for i, low in enumerate(lowest)]
+
+
+def steady(host_device: tuple[float, float]) -> float:
+    """The steady-state seconds of an eager call: the host queues calls while the device runs
+    earlier ones, so it waits on the slower of the two."""
+    return max(host_device)
 
 
 def _failed(what: str, exc: Exception) -> None:

@@ -143,9 +143,8 @@ class LayeredStore:
     def _readers(self) -> list[TuneStore]:
         return [self.local, *self.layers, *([self.remote] if self.remote is not None else [])]
 
-    def get_timings(self, op: str, info: Any, key: tuple,
-                    hashes: dict[str, str]) -> dict[str, tuple[float, dict[str, Any]]]:
-        found: dict[str, tuple[float, dict[str, Any]]] = {}
+    def get_timings(self, op: str, info: Any, key: tuple, hashes: dict[str, str]) -> dict:
+        found: dict[str, tuple] = {}
         for layer in self._readers():
             if len(found) == len(hashes):
                 break
@@ -153,8 +152,7 @@ class LayeredStore:
                 found.setdefault(name, timing)
         return found
 
-    def put_timings(self, op: str, info: Any, key: tuple,
-                    timings: dict[str, tuple[float, dict[str, Any], str]]) -> None:
+    def put_timings(self, op: str, info: Any, key: tuple, timings: dict[str, tuple]) -> None:
         self.local.put_timings(op, info, key, timings)
         if self.remote is not None:
             self.remote.put_timings(op, info, key, timings)

@@ -42,6 +42,10 @@ class Timing(BaseModel):
     #: how `seconds` was measured (dispatch.tuning_mode.METHOD); a timing measured another way
     #: (None: before this field, device time only) is measured again
     method: Optional[str] = Field(default=None, max_length=200)
+    #: host and device seconds per call, measured apart (`seconds`, the steady-state time of
+    #: an eager call, is the larger); under a CUDA graph only the device time counts
+    host_s: Optional[float] = Field(default=None, ge=0)
+    device_s: Optional[float] = Field(default=None, ge=0)
 
 
 class TuneRecord(BaseModel):

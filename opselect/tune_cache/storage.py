@@ -84,10 +84,10 @@ class TuneStore:
         return False
 
     # -- timings ----------------------------------------------------------------------------------
-    def get_timings(self, op: str, info: DeviceInfo, key: tuple,
-                    hashes: dict[str, str]) -> dict[str, tuple[float, dict[str, Any]]]:
-        """Valid, current timings of the given backends for this key: {name: (seconds, config)};
-        a backend that failed when measured has seconds = inf."""
+    def get_timings(self, op: str, info: DeviceInfo, key: tuple, hashes: dict[str, str]
+                    ) -> dict[str, tuple[float, dict[str, Any], float | None, float | None]]:
+        """Valid, current timings of the given backends for this key: {name: (seconds, config,
+        host seconds, device seconds)}; a backend that failed when measured has seconds = inf."""
         from .records import TuneRecord
 
         record = self._parse(self.db.get(tune_key(op, info.cache_key, repr(key))), TuneRecord, op)
@@ -104,20 +104,27 @@ class TuneStore:
             if timing.method != METHOD:
                 continue  # measured another way: not comparable with today's timings
             seconds = math.inf if timing.seconds is None else timing.seconds
-            out[name] = (seconds, dict(timing.config))
+            out[name] = (seconds, dict(timing.config), timing.host_s, timing.device_s)
         return out
 
     def put_timings(self, op: str, info: DeviceInfo, key: tuple,
-                    timings: dict[str, tuple[float, dict[str, Any], str]]) -> None:
-        """Merge {name: (seconds, config, source_hash)} into the record of this key (inside one
-        transaction with the read, so processes measuring other backends of it keep theirs)."""
+                    timings: dict[str, tuple]) -> None:
+        """Merge {name: (seconds, config, source_hash[, host seconds, device seconds])} into the
+        record of this key (inside one transaction with the read, so processes measuring other
+        backends of it keep theirs)."""
         from .fingerprint import current
         from .records import Timing, TuneRecord
 
         fp = current(info)
-        new = {n: Timing(seconds=None if math.isinf(t) else t, config=cfg, source_hash=h,
-                         method=METHOD)
-               for n, (t, cfg, h) in timings.items()}
+
+        def finite(v: float | None) -> float | None:
+            return v if v is not None and math.isfinite(v) else None
+
+        new = {}
+        for n, (t, cfg, h, *apart) in timings.items():
+            host, device = apart if apart else (None, None)
+            new[n] = Timing(seconds=None if math.isinf(t) else t, config=cfg, source_hash=h,
+                            method=METHOD, host_s=finite(host), device_s=finite(device))
 
         def change(raw: str | None) -> str:
             old = self._parse(raw, TuneRecord, op) if raw is not None else None

@@ -11,8 +11,8 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
-from .call import IsinCall, _finish, _output, _trivial
+from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program,
                      _hash_insert, _hash_probe_blocks, _key_bits, table_plan)
 
@@ -194,33 +194,45 @@ class BitmapBackend(PlannedBackend):
         done = _trivial(call)
         if done is not None:
             return done
-        x, t = flat(call.elements), flat(call.test)
+        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
+
+    def bind(self, call: IsinCall, config):
+        return self._prepared(call, config) if _bindable(call) else None
+
+    def _prepared(self, call: IsinCall, config):
+        """The prepared call (call._prepared_call): the scratch, then the min/max (wider than
+        16-bit keys), setup, build and probe launches. Which structure the data calls for is
+        still decided on the device, by the setup kernel."""
         p = self.plan(call, config)
-        dev = x.device
+        device, index = call.elements.device, call.info.index
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
-        # Both structures are allocated (O(N) each, from the caching allocator); the setup kernel
-        # initialises only the one the data calls for.
-        bits = torch.empty(p.capacity_bits // 32, dtype=torch.int32, device=dev)
+        n, m, cap, log_t = p.test_elements, p.elements, p.capacity_bits, p.table_log2
+        partials, table_slots, words = p.partials, p.table_slots, cap // 32
         # (the slot past the table is the hash set's flag, as in HashBackend)
-        table = torch.empty(max(p.table_slots, 1), dtype=key_dtype, device=dev)
-        flag = table[table.numel() - 1:]
-        params = torch.empty(2, dtype=torch.int64, device=dev)
-        if p.full_range:
-            parts = params
-        else:
-            parts = torch.empty(2 * p.partials, dtype=torch.int64, device=dev)
-            _MINMAX(p, (p.partials,), (t, parts, p.test_elements))
-        _BITMAP_SETUP(p, (cdiv(max(p.capacity_bits // 32, table.numel()), p.setup_block),),
-                      (parts, p.partials, params, bits, table, p.capacity_bits, p.table_slots,
-                       torch.iinfo(p.dtype).min))
-        _BITMAP_BUILD(p, (cdiv(p.test_elements, p.build_block),),
-                      (t, params, bits, table, flag, p.test_elements, p.capacity_bits,
-                       p.table_log2))
-        out = _output(call)
-        _BITMAP_PROBE(p, (cdiv(p.elements, p.probe_block * p.blocks_per_program),),
-                      (x, params, bits, table, flag, out, p.elements, p.capacity_bits,
-                       p.table_log2))
-        return _finish(call, out)
+        table_len = max(table_slots, 1)
+        lowest = torch.iinfo(p.dtype).min
+        minmax = None if p.full_range else _MINMAX.bind(p, (partials,), index)
+        setup = _BITMAP_SETUP.bind(p, (cdiv(max(words, table_len), p.setup_block),), index)
+        build = _BITMAP_BUILD.bind(p, (cdiv(n, p.build_block),), index)
+        probe = _BITMAP_PROBE.bind(p, (cdiv(m, p.probe_block * p.blocks_per_program),), index)
+
+        def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
+            # Both structures are allocated (O(N) each, from the caching allocator); the setup
+            # kernel initialises only the one the data calls for.
+            bits = torch.empty(words, dtype=torch.int32, device=device)
+            table = torch.empty(table_len, dtype=key_dtype, device=device)
+            flag = table[table_len - 1:]
+            params = torch.empty(2, dtype=torch.int64, device=device)
+            if minmax is None:
+                parts = params  # (a full range has no partials: the setup kernel reads none)
+            else:
+                parts = torch.empty(2 * partials, dtype=torch.int64, device=device)
+                minmax(t, parts, n)
+            setup(parts, partials, params, bits, table, cap, table_slots, lowest)
+            build(t, params, bits, table, flag, n, cap, log_t)
+            probe(x, params, bits, table, flag, out, m, cap, log_t)
+
+        return _prepared_call(call, _reader(call.test), launches)
 
     def plan_facts(self, call: IsinCall) -> tuple:
         return call.elements.dtype, call.m, call.n, call.invert

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Callable
 
 import torch
 
@@ -29,6 +30,17 @@ class IsinCall(Call):
     def empty(self) -> bool:
         return self.m == 0  # (no test elements is not empty: every answer is False, or True)
 
+    def inputs(self) -> tuple:
+        return (self.elements, self.test)
+
+    def for_input(self, elements, test) -> "IsinCall":
+        """This call's facts for other tensors of the same plain key (no out)."""
+        c = IsinCall.__new__(IsinCall)
+        c.info, c.key, c.exact, c.elements, c.test, c.out = (self.info, self.key, self.exact,
+                                                             elements, test, None)
+        c.invert, c.assume_unique, c.m, c.n = self.invert, self.assume_unique, self.m, self.n
+        return c
+
     def describe(self) -> str:
         e, t = self.elements, self.test
         return (f"elements {tuple(e.shape)} {str(e.dtype)[6:]}, test_elements {tuple(t.shape)}"
@@ -50,17 +62,21 @@ def _as_tensor(value, name: str, dtype: torch.dtype, device: torch.device) -> to
 
 
 def plain_key(elements, test_elements, assume_unique, invert) -> tuple | None:
-    """A key of everything the choice for a plain call reads (two tensors of one dtype, a test
-    set of at most one dim, which torch.isin takes as it is, bool flags); None for any other
-    arguments. ops.py keys its torch routes by it."""
+    """A key of everything the choice for a plain call and its prepared call (Backend.bind)
+    read: two strided tensors of one dtype, a test set of at most one dim (which torch.isin
+    takes as it is), their shapes and strides (whether the kernels read an input in place or a
+    contiguous copy of it), devices and the bool flags; None for any other arguments. ops.py
+    keys its routes by it."""
     if (type(elements) is torch.Tensor and type(test_elements) is torch.Tensor
             and type(invert) is bool and type(assume_unique) is bool):
         test_shape = test_elements.shape
         dtype = elements.dtype
+        # (a sparse CSR tensor has no strides: it takes the full path, as it did before)
         if len(test_shape) <= 1 and test_elements.dtype is dtype and not (
-                elements.is_neg() or test_elements.is_neg()):
-            return (elements.shape, test_shape, dtype, elements.device, test_elements.device,
-                    invert, assume_unique)
+                elements.is_neg() or test_elements.is_neg()) and (
+                elements.layout is torch.strided and test_elements.layout is torch.strided):
+            return (elements.shape, elements.stride(), test_shape, test_elements.stride(), dtype,
+                    elements.device, test_elements.device, invert, assume_unique)
     return None
 
 
@@ -195,6 +211,42 @@ def _output(call: IsinCall) -> torch.Tensor:
     if call.out is not None and call.out.is_contiguous():
         return call.out
     return torch.empty(call.elements.shape, dtype=torch.bool, device=call.elements.device)
+
+
+def _bindable(call: IsinCall) -> bool:
+    """A call a Triton backend prepares (bind): out= goes through run(), which writes it; an
+    empty call has nothing to launch (_trivial answers it)."""
+    return call.out is None and call.m != 0 and call.n != 0
+
+
+def _reader(t: torch.Tensor):
+    """What a prepared call does to an input laid out as t (its plain key fixes the layout)
+    before the kernels read it as a flat array: nothing (None) when t is contiguous, whose
+    memory already is that array whatever its shape, else a contiguous copy."""
+    return None if t.is_contiguous() else torch.Tensor.contiguous
+
+
+def _prepared_call(call: IsinCall, read_test, launches) -> Callable[..., torch.Tensor]:
+    """A Triton backend's prepared call, for `call` and every later call of its plain key:
+    isin(elements, test, out=None) reads the elements as _reader decides here, once, and the
+    test set through read_test (None: as it is), makes the output unless run() hands over a
+    contiguous `out` (_output), and runs launches(x, t, out): the backend's work, with all
+    that depends on the key alone worked out when the backend made `launches`."""
+    read_elements = _reader(call.elements)
+    shape, device = tuple(call.elements.shape), call.elements.device  # (a tuple: faster to parse)
+
+    def isin(elements: torch.Tensor, test: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        if read_elements is not None:
+            elements = read_elements(elements)
+        if read_test is not None:
+            test = read_test(test)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.bool, device=device)
+        launches(elements, test, out)
+        return out
+
+    return isin
 
 
 def _finish(call: IsinCall, result: torch.Tensor) -> torch.Tensor:

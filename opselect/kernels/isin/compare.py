@@ -10,8 +10,8 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, flat, needs_int64, next_pow2
-from .call import IsinCall, _finish, _output, _trivial
+from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import _value_key
 
 
@@ -105,11 +105,21 @@ class CompareBackend(PlannedBackend):
         done = _trivial(call)
         if done is not None:
             return done
-        x, t = flat(call.elements), flat(call.test)
-        out = _output(call)
+        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
+
+    def bind(self, call: IsinCall, config):
+        return self._prepared(call, config) if _bindable(call) else None
+
+    def _prepared(self, call: IsinCall, config):
+        """The prepared call (call._prepared_call): one launch over the flat inputs."""
         plan = self.plan(call, config)
-        _COMPARE(plan, (cdiv(call.m, plan.block_size),), (x, t, out, call.m, call.n))
-        return _finish(call, out)
+        m, n = call.m, call.n
+        launch = _COMPARE.bind(plan, (cdiv(m, plan.block_size),), call.info.index)
+
+        def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
+            launch(x, t, out, m, n)
+
+        return _prepared_call(call, _reader(call.test), launches)
 
     def plan_facts(self, call: IsinCall) -> tuple:
         return call.elements.dtype, call.m, call.n, call.invert

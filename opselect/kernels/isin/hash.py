@@ -10,8 +10,8 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, flat, needs_int64
-from .call import IsinCall, _finish, _output, _trivial
+from .._common import Launcher, cdiv, needs_int64
+from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
                      _hash_probe_blocks, _key_bits, table_plan)
 
@@ -91,19 +91,30 @@ class HashBackend(PlannedBackend):
         done = _trivial(call)
         if done is not None:
             return done
-        x, t = flat(call.elements), flat(call.test)
+        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
+
+    def bind(self, call: IsinCall, config):
+        return self._prepared(call, config) if _bindable(call) else None
+
+    def _prepared(self, call: IsinCall, config):
+        """The prepared call (call._prepared_call): a fresh table, then the build and probe
+        launches."""
         p = self.plan(call, config)
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
-        # One slot past the table records whether the empty marker's own value is a member.
-        table = torch.full(((1 << p.table_log2) + 1,), torch.iinfo(key_dtype).min,
-                           dtype=key_dtype, device=x.device)
-        flag = table[1 << p.table_log2:]
-        _HASH_BUILD(p, (cdiv(p.test_elements, p.build_block),),
-                    (t, table, flag, p.test_elements, p.table_log2))
-        out = _output(call)
-        _HASH_PROBE(p, (cdiv(p.elements, p.probe_block * p.blocks_per_program),),
-                    (x, table, flag, out, p.elements, p.table_log2))
-        return _finish(call, out)
+        slots, empty, device = 1 << p.table_log2, torch.iinfo(key_dtype).min, call.elements.device
+        n, m, log_t = p.test_elements, p.elements, p.table_log2
+        build = _HASH_BUILD.bind(p, (cdiv(n, p.build_block),), call.info.index)
+        probe = _HASH_PROBE.bind(p, (cdiv(m, p.probe_block * p.blocks_per_program),),
+                                 call.info.index)
+
+        def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
+            # One slot past the table records whether the empty marker's own value is a member.
+            table = torch.full((slots + 1,), empty, dtype=key_dtype, device=device)
+            flag = table[slots:]
+            build(t, table, flag, n, log_t)
+            probe(x, table, flag, out, m, log_t)
+
+        return _prepared_call(call, _reader(call.test), launches)
 
     def plan_facts(self, call: IsinCall) -> tuple:
         return call.elements.dtype, call.m, call.n, call.invert

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,7 @@ import triton.language as tl
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import Launcher, cdiv, flat, needs_int64
-from .call import IsinCall, _finish, _output, _trivial
+from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _trivial
 from .common import _value_key
 
 
@@ -73,13 +74,35 @@ class SearchBackend(PlannedBackend):
         done = _trivial(call)
         if done is not None:
             return done
-        x = flat(call.elements)
-        table = torch.sort(flat(call.test)).values  # NaN sorts last: below it nothing is skipped
-        out = _output(call)
+        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
+
+    def bind(self, call: IsinCall, config):
+        return self._prepared(call, config) if _bindable(call) else None
+
+    def _prepared(self, call: IsinCall, config):
+        """The prepared call (call._prepared_call): sort the test set, then one launch."""
         plan = self.plan(call, config)
-        # N (the binary search's length) is not specialised: the kernel says do_not_specialize.
-        _SEARCH(plan, (cdiv(call.m, plan.block_size),), (x, table, out, call.m, call.n))
-        return _finish(call, out)
+        m, n = call.m, call.n
+        launch = _SEARCH.bind(plan, (cdiv(m, plan.block_size),), call.info.index)
+        # torch.sort sorts along the last dim: the test set goes to it as one flat dim.
+        test = call.test
+        read_test = None if test.dim() == 1 and test.is_contiguous() else flat
+
+        floating = test.dtype.is_floating_point
+
+        def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
+            if floating:
+                # The search needs every NaN last, and torch.sort on CUDA (a radix sort of the
+                # bits) puts a NaN whose sign bit is set first: elements equal to the smallest
+                # test value were then missed (torch's own float -> bfloat16 copy makes such
+                # NaNs). Every NaN made the positive one first (infinities stay as they are).
+                t = t.nan_to_num(nan=math.nan, posinf=math.inf, neginf=-math.inf)
+            table = torch.sort(t).values
+            # N (the binary search's length) is not specialised: the kernel says
+            # do_not_specialize.
+            launch(x, table, out, m, n)
+
+        return _prepared_call(call, read_test, launches)
 
     def plan_facts(self, call: IsinCall) -> tuple:
         return call.elements.dtype, call.m, call.invert, needs_int64(call.m, call.n)

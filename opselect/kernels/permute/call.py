@@ -119,6 +119,9 @@ class PermuteCall(Call):
         c.view_is_contiguous = self.view_is_contiguous
         return c
 
+    def inputs(self) -> tuple:
+        return (self.input,)
+
     @property
     def empty(self) -> bool:
         return self.numel == 0
@@ -387,10 +390,17 @@ def _torch_permute(call: PermuteCall) -> torch.Tensor:
     return torch.permute_copy(call.input, call.dims)
 
 
+def _direct_out(call: PermuteCall) -> torch.Tensor | None:
+    """The caller's `out` when the kernels can write it (contiguous); None: they write a new
+    tensor, which _finish copies into a strided `out`."""
+    out = call.out
+    return out if out is not None and out.is_contiguous() else None
+
+
 def _output(call: PermuteCall) -> torch.Tensor:
     """Where the kernel writes: the caller's `out` when it is contiguous, else a new tensor."""
-    out = call.out
-    if out is not None and out.is_contiguous():
+    out = _direct_out(call)
+    if out is not None:
         return out
     return torch.empty(call.out_shape, dtype=call.input.dtype, device=call.input.device)
 

@@ -1,14 +1,19 @@
-"""What several permute backends share: the index arithmetic of up to eight dims (jit helpers)
-and the base class of the Triton backends."""
+"""What several permute backends share: the index arithmetic of up to eight dims (jit helpers),
+the base class of the Triton backends and their prepared call (the views the kernels take, the
+output, the bound launch)."""
 
 from __future__ import annotations
+
+import math
+from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
 
 from ...dispatch.backend import Backend
-from .call import PermuteCall
+from .._common import BoundLaunch
+from .call import PermuteCall, _direct_out, _finish, _trivial
 
 
 #: Integer types of each unit width: the kernels move bytes, never values.
@@ -75,17 +80,66 @@ def _offset(i, n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7,
     return off
 
 
-def _units(t: torch.Tensor, unit: int) -> torch.Tensor:
-    """t's bytes as a tensor of `unit`-byte integers starting at t's first element (offsets are
-    computed by the kernels, so only the pointer and the element type matter)."""
-    dtype = UNIT_DTYPES[unit]
-    if t.element_size() == unit:
-        return t.view(dtype)
-    if t.is_contiguous():
+def _unit_view(shape, strides, dtype: torch.dtype, unit: int
+              ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """How a kernel sees any tensor of this shape, strides and dtype: as `unit`-byte integers
+    starting at its first element (offsets are computed by the kernels, so only the pointer and
+    the element type matter). Worked out once per geometry: the cheapest tensor op that gives
+    the view, or None where the tensor is of that type already."""
+    target = UNIT_DTYPES[unit]
+    if dtype == target:
+        return None
+    esize = dtype.itemsize
+    if esize == unit or _views_as(shape, strides, esize, unit):
+        return lambda t: t.view(target)
+    if _is_contiguous(shape, strides):
         # as_strided, not reshape: a contiguous tensor may still carry odd strides on size-1 dims.
-        return t.as_strided((t.numel(),), (1,)).view(dtype)
-    # A strided view regrouped into wider (or, for 16-byte elements, narrower) units: a 1-d view
-    # of the storage from t's first byte (the caller checked the alignment).
+        flat = (math.prod(shape),)
+        return lambda t: t.as_strided(flat, (1,)).view(target)
+    if esize > unit and dtype.is_complex:
+        # Pairs of float64 have a contiguous last dim whatever the complex tensor's strides.
+        return lambda t: torch.view_as_real(t).view(target)
+    return lambda t: _storage_units(t, target, unit)
+
+
+def _views_as(shape, strides, esize: int, unit: int) -> bool:
+    """Whether torch's view(dtype) takes every tensor of this shape and these strides to
+    `unit`-byte elements (its rules where the element size changes). Its check of the storage
+    offset, which the key does not fix, torch makes per call, as on a contiguous tensor's flat
+    view."""
+    if not shape or strides[-1] != 1:
+        return False
+    if esize > unit:
+        return True
+    ratio = unit // esize
+    return shape[-1] % ratio == 0 and all(s % ratio == 0 for s in strides[:-1])
+
+
+def _is_contiguous(shape, strides) -> bool:
+    """torch's is_contiguous() of a (non-empty) tensor of this shape and these strides."""
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1:
+            if s != expected:
+                return False
+            expected *= n
+    return True
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides torch.empty(shape) gives."""
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _storage_units(t: torch.Tensor, dtype: torch.dtype, unit: int) -> torch.Tensor:
+    """A strided tensor regrouped into wider (or, for 16-byte elements, narrower) units: a 1-d
+    view of its storage from its first byte (the caller checked the alignment). Per call: the
+    storage's size and the offset into it differ between tensors of one geometry."""
     start = t.storage_offset() * t.element_size()
     storage = t.untyped_storage()
     n = (storage.nbytes() - start) // unit
@@ -111,8 +165,51 @@ def _tiles_per_program(wanted: int, n_tiles: int) -> int:
     return tpp
 
 
+def _prepared_copy(call: PermuteCall, launch: BoundLaunch, ints: tuple
+                   ) -> Callable[..., torch.Tensor]:
+    """The prepared permute of a call whose copy is one launch: a function (x, out=None) of any
+    input with the call's plain key that returns the contiguous permuted copy, written into
+    `out` (run's contiguous out=, of call.out's strides) or a new tensor. Per call it is the
+    unit views, the allocation and the launch."""
+    x = call.input
+    unit, dtype, device, shape = call.unit, x.dtype, x.device, call.out_shape
+    src_of = _unit_view(x.shape, x.stride(), dtype, unit)
+    given = _direct_out(call)
+    out_strides = given.stride() if given is not None else _contiguous_strides(shape)
+    dst_of = _unit_view(shape, out_strides, dtype, unit)
+
+    def permuted(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=device)
+        launch(x if src_of is None else src_of(x), out if dst_of is None else dst_of(out),
+               *ints)
+        return out
+
+    return permuted
+
+
 class _TritonBackend(Backend):
     def supports(self, call: PermuteCall) -> str | None:
         if call.torch_only is not None:
             return call.torch_only
         return self.device_reason(call.info)
+
+    def run(self, call: PermuteCall, config) -> torch.Tensor:
+        done = _trivial(call)
+        if done is not None:
+            return done
+        return _finish(call, self._prepare(call, config)(call.input, _direct_out(call)))
+
+    def bind(self, call: PermuteCall, config) -> Callable[..., torch.Tensor] | None:
+        """The prepared permute of a plain call; None for out=, autograd, an empty call and an
+        input only torch takes, which go through run()."""
+        if (call.out is not None or call.kind not in ("keep", "move", "gather")
+                or self.supports(call) is not None
+                or (call.input.requires_grad and torch.is_grad_enabled())):
+            return None
+        return self._prepare(call, config)
+
+    def _prepare(self, call: PermuteCall, config) -> Callable[..., torch.Tensor]:
+        """Everything the launch needs that the call's plain key decides, worked out once: the
+        prepared permute (_prepared_copy) that both run() and the dispatcher's routes call."""
+        raise NotImplementedError

@@ -12,8 +12,8 @@ import triton.language as tl
 
 from ...heuristics import permute as cost
 from .._common import Launcher, cdiv, needs_int64
-from .call import MAX_DIMS, PermuteCall, _finish, _output, _trivial
-from .common import _TritonBackend, _offset, _padded, _units
+from .call import MAX_DIMS, PermuteCall
+from .common import UNIT_DTYPES, _offset, _padded, _prepared_copy, _TritonBackend
 
 
 @triton.jit
@@ -67,19 +67,12 @@ class NaiveBackend(_TritonBackend):
         return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8},
                 {"BLOCK": 512, "num_warps": 4}]
 
-    def run(self, call: PermuteCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
-        unit, w = call.unit, call.W
-        src = _units(call.input, unit)
-        out = _output(call)
-        dst = _units(out, unit)
+    def _prepare(self, call: PermuteCall, config):
+        w = call.W
         sizes, strides = call.sizes or [1], call.strides or [1]
         n = call.numel * call.input.element_size() // call.esize
         block = config["BLOCK"]
         ints = (n, *_padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS))
         nd, i64, warps = len(sizes), needs_int64(n * w, call.span * w), config["num_warps"]
-        _NAIVE(naive_plan(src.dtype, ints, nd, w, block, i64, warps), (cdiv(n, block),),
-               (src, dst, *ints))
-        return _finish(call, out)
+        plan = naive_plan(UNIT_DTYPES[call.unit], ints, nd, w, block, i64, warps)
+        return _prepared_copy(call, _NAIVE.bind(plan, (cdiv(n, block),), call.info.index), ints)

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from ...heuristics import permute as cost
-from .._common import Launcher, cdiv, needs_int64, next_pow2
-from .call import MAX_DIMS, PermuteCall, _finish, _output, _trivial
-from .common import _TritonBackend, _tiles_per_program, _units
+from .._common import BoundLaunch, Launcher, cdiv, needs_int64, next_pow2
+from .call import MAX_DIMS, PermuteCall
+from .common import UNIT_DTYPES, _prepared_copy, _tiles_per_program, _TritonBackend
 
 
 #: Batch dims of the tiled kernel: MAX_DIMS minus one dim each for groups A and B.
@@ -431,23 +431,17 @@ class TiledBackend(_TritonBackend):
             ba *= 2
         return ba, bb
 
-    def run(self, call: PermuteCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
+    def _prepare(self, call: PermuteCall, config):
         plan = _plan(call)
         unit, w = call.unit, plan.w
-        src = _units(call.input, unit)
-        out = _output(call)
-        dst = _units(out, unit)
         batch = []
         for size, s_in, s_out in plan.batch:
             batch += [size, s_in, s_out]
         batch += [1, 0, 0] * (MAX_BATCH - len(plan.batch))
         n_units = call.numel * call.input.element_size() // unit
         if config.get("NARROW") and plan.narrow:
-            self._run_narrow(call, plan, config, src, dst, batch, n_units)
-            return _finish(call, out)
+            launch, ints = self._narrow_launch(call, plan, config, batch, n_units)
+            return _prepared_copy(call, launch, ints)
         if "BA" not in config:  # a narrow config memoised for a call that is not narrow
             config = self.configs(call)[0]
             if "BA" not in config:
@@ -461,9 +455,8 @@ class TiledBackend(_TritonBackend):
         na, nb, nc = len(plan.a_dims), len(plan.b_dims), len(plan.batch)
         i64 = needs_int64(n_units + (ba + bb) * w, call.span * w + (ba + bb) * w)
         warps = config["num_warps"]
-        _TILED(tiled_launch_plan(src.dtype, ints, na, nb, nc, ba, bb, w, tpp, i64, warps),
-               (n_tiles // tpp,), (src, dst, *ints))
-        return _finish(call, out)
+        spec = tiled_launch_plan(UNIT_DTYPES[unit], ints, na, nb, nc, ba, bb, w, tpp, i64, warps)
+        return _prepared_copy(call, _TILED.bind(spec, (n_tiles // tpp,), call.info.index), ints)
 
     @staticmethod
     def narrow_width(n: int, m: int, unit: int, tile_bytes: int) -> int:
@@ -471,7 +464,9 @@ class TiledBackend(_TritonBackend):
         return max(16, min(next_pow2(m), tile_bytes // (next_pow2(n) * unit)))
 
     @staticmethod
-    def _run_narrow(call: PermuteCall, plan: TilePlan, config, src, dst, batch, n_units) -> None:
+    def _narrow_launch(call: PermuteCall, plan: TilePlan, config, batch, n_units
+                       ) -> tuple[BoundLaunch, tuple]:
+        """The narrow kernel's bound launch and its integer arguments."""
         narrow_in = plan.narrow == "in"
         n, m = (plan.A, plan.B) if narrow_in else (plan.B, plan.A)
         group = plan.a_dims if narrow_in else plan.b_dims
@@ -483,5 +478,6 @@ class TiledBackend(_TritonBackend):
         ints = (m, n_tm, *plan.group_args(group), *batch)
         ng, nc, warps = len(group), len(plan.batch), config["num_warps"]
         i64 = needs_int64(n_units + np_ * bw, call.span + np_ * bw)
-        _NARROW(narrow_launch_plan(src.dtype, ints, n, np_, ng, nc, bw, tpp, narrow_in, i64,
-                                   warps), (n_tiles // tpp,), (src, dst, *ints))
+        spec = narrow_launch_plan(UNIT_DTYPES[call.unit], ints, n, np_, ng, nc, bw, tpp,
+                                  narrow_in, i64, warps)
+        return _NARROW.bind(spec, (n_tiles // tpp,), call.info.index), ints

@@ -11,8 +11,9 @@ import triton.language as tl
 
 from ...heuristics import permute as cost
 from .._common import Launcher, cdiv, needs_int64, next_pow2
-from .call import MAX_DIMS, PermuteCall, _finish, _output, _trivial
-from .common import _TritonBackend, _offset, _padded, _tiles_per_program, _units
+from .call import MAX_DIMS, PermuteCall
+from .common import (UNIT_DTYPES, _offset, _padded, _prepared_copy, _tiles_per_program,
+                     _TritonBackend)
 
 
 @triton.jit
@@ -92,14 +93,8 @@ class VectorizedBackend(_TritonBackend):
                 {"TILE_BYTES": 8192, "num_warps": 4, "TPP": 4 if big else 2},
                 {"TILE_BYTES": 16384, "num_warps": 8, "TPP": 1}]
 
-    def run(self, call: PermuteCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
+    def _prepare(self, call: PermuteCall, config):
         unit, w = call.unit, call.W
-        src = _units(call.input, unit)
-        out = _output(call)
-        dst = _units(out, unit)
         sizes, strides = call.sizes or [1], call.strides or [1]
         lu = sizes[-1] * w  # units per run
         rows = call.numel * call.input.element_size() // call.esize // sizes[-1]
@@ -116,6 +111,5 @@ class VectorizedBackend(_TritonBackend):
         ints = (rows, lu, n_cb, *_padded(outer, MAX_DIMS - 1))
         nd, warps = len(outer), config["num_warps"]
         i64 = needs_int64(rows * lu + tile, call.span * w + tile)
-        _RUNS(runs_plan(src.dtype, ints, nd, block_r, block_l, tpp, w, i64, warps),
-              (n_tiles // tpp,), (src, dst, *ints))
-        return _finish(call, out)
+        plan = runs_plan(UNIT_DTYPES[unit], ints, nd, block_r, block_l, tpp, w, i64, warps)
+        return _prepared_copy(call, _RUNS.bind(plan, (n_tiles // tpp,), call.info.index), ints)

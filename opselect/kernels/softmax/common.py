@@ -300,7 +300,7 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int):
     ints = (rows, n // a, sx // a, n // a, per)
     log, f64, stages = call.log, call.f64, stages if per > 1 else 1
     i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
-    shape, out_dtype, device = call.x.shape, call.out_dtype, call.x.device
+    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
     plan = rows_plan(_read_dtype(call), out_dtype, ints, a, log, f64, block_r, bn, stages, i64,
                      warps)
     launch = _ROWS_FWD.bind(plan, (cdiv(tiles, per),), call.info.index)

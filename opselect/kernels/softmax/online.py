@@ -252,7 +252,7 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int):
     spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
     fallback = min(chunk, 64 * 32 * warps // 16)
     i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
-    shape, out_dtype, device = call.x.shape, call.out_dtype, call.x.device
+    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
     plan = coop_plan(_read_dtype(call), out_dtype, ints, a, log, f64, chunk, spin, fallback, i64,
                      warps)
     launch = _COOP_FWD.bind(plan, (rows * split,), call.info.index)
@@ -280,7 +280,7 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int):
     i64 = needs_int64(call.numel + split * block, rows * sx + n)
     log, f64 = call.log, call.f64
     in_dtype, out_dtype = _read_dtype(call), call.out_dtype
-    shape, device, index = call.x.shape, call.x.device, call.info.index
+    shape, device, index = tuple(call.x.shape), call.x.device, call.info.index
     if split == 1:
         ints = (n // a, sx // a, n // a)
         launch = _ONLINE_FWD.bind(chunk_plan(in_dtype, out_dtype, ints, a, log, f64, block, i64,

@@ -86,7 +86,7 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int):
     ints = (n, inner // a, n_ib, so // a, sn // a)
     log, f64 = call.log, call.f64
     i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
-    shape, out_dtype, device = call.x.shape, call.out_dtype, call.x.device
+    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
     plan = strided_launch_plan(_read_dtype(call), out_dtype, None, ints, a, log, f64, bn, bi,
                                single, i64, warps)
     launch = _STRIDED_FWD.bind(plan, (outer * n_ib,), call.info.index)

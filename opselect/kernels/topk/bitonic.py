@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import triton
 import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import topk as cost
 from .._common import Launcher, cdiv, next_pow2
-from .call import TopkCall, _outputs, _rows, _shape_out, _trivial
+from .call import PreparedRuns, TopkCall, _output_maker, _output_finisher, _reader
 from .common import _order_key
 
 
@@ -76,7 +77,7 @@ _BITONIC = Launcher(_bitonic_kernel, lambda spec: dict(
 # ---------------------------------------------------------------------------------------------
 # bitonic
 # ---------------------------------------------------------------------------------------------
-class BitonicBackend(PlannedBackend):
+class BitonicBackend(PreparedRuns, PlannedBackend):
     name = "bitonic"
     estimate = staticmethod(cost.bitonic)
     MAX_N = BITONIC_MAX
@@ -102,18 +103,26 @@ class BitonicBackend(PlannedBackend):
                 out.append(cfg)
         return out
 
-    def run(self, call: TopkCall, config):
-        done = _trivial(call)
-        if done is not None:
-            return done
+    def _prepared(self, call: TopkCall, config):
+        """The prepared call (see Backend.bind): a function of the input, everything else
+        worked out here once."""
         p = self.plan(call, config)
-        x, row_stride, col_stride = _rows(call, unit_col=False)
-        R, N, k = call.R, call.N, call.k
-        values, indices = _outputs(call)
+        read, row_stride, col_stride = _reader(call, unit_col=False)
+        R = call.R
+        new_outputs, finish = _output_maker(call), _output_finisher(call)
         flip = 0 if call.largest else -1
-        _BITONIC((p, row_stride, col_stride, flip), (cdiv(R, p.rows_per_program),),
-                 (x, values, indices, R, N, k, row_stride, col_stride, flip))
-        return _shape_out(call, values, indices)
+        launch = _BITONIC.bind((p, row_stride, col_stride, flip),
+                               (cdiv(R, p.rows_per_program),), call.info.index)
+        ints = (R, call.N, call.k, row_stride, col_stride, flip)
+
+        def topk(x: torch.Tensor):
+            if read is not None:
+                x = read(x)
+            values, indices = new_outputs()
+            launch(x, values, indices, *ints)
+            return finish(values, indices)
+
+        return topk
 
     def plan_facts(self, call: TopkCall) -> tuple:
         return call.R, call.N, call.k, call.input.dtype

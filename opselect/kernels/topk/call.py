@@ -26,6 +26,9 @@ class TopkCall(Call):
     __slots__ = ("input", "k", "dim", "largest", "sorted", "nd", "R", "N", "lead",
                  "row_stride", "col_stride", "viewable")
 
+    def inputs(self) -> tuple:
+        return (self.input,)
+
     def for_input(self, input) -> "TopkCall":
         """This call's facts for another tensor of the same shape, strides, dtype and device."""
         c = TopkCall.__new__(TopkCall)
@@ -70,20 +73,23 @@ def _layout(shape: tuple, strides: tuple, d: int) -> tuple[int, int, bool]:
     return row_stride, (strides[d] if shape else 1), True
 
 
-#: prepare()'s results by (shape, strides, dtype, device, k, dim, largest, sorted), without
-#: their tensors: a call like an earlier one skips the argument checks and the layout work
-#: (several microseconds of Python, a fair part of a call that launches in a few more).
+#: prepare()'s results by plain_key (shape, strides, dtype, device, k, dim, largest, sorted,
+#: autograd), without their tensors: a call like an earlier one skips the argument checks and
+#: the layout work (several microseconds of Python, a fair part of a call that launches in a
+#: few more).
 _PREPARED: dict[tuple, TopkCall] = {}
 
 
 def plain_key(input, k, dim, largest, sorted) -> tuple | None:
     """Everything _prepare reads of a call with plain arguments (a tensor, int k and dim, bool
-    largest and sorted), as a key; None for any other arguments. ops.py keys its torch routes
-    by it too."""
+    largest and sorted), as a key; None for any other arguments. ops.py and routing.py key
+    their routes (Op.routes) by it too, so it also says whether autograd records the call: a
+    prepared call made without autograd must not answer one that needs it."""
     if (type(k) is int and type(dim) is int and type(largest) is bool
             and type(sorted) is bool and isinstance(input, torch.Tensor)
             and not input.is_neg()):  # (prepared afresh: _prepare materialises the view)
-        return (input.shape, input.stride(), input.dtype, input.device, k, dim, largest, sorted)
+        return (input.shape, input.stride(), input.dtype, input.device, k, dim, largest, sorted,
+                input.requires_grad and torch.is_grad_enabled())
     return None
 
 
@@ -147,43 +153,86 @@ def _prepare(input, k, dim, largest, sorted) -> TopkCall:
 # ---------------------------------------------------------------------------------------------
 # Shared host helpers
 # ---------------------------------------------------------------------------------------------
-def _rows(call: TopkCall, unit_col: bool) -> tuple[torch.Tensor, int, int]:
-    """(tensor, row_stride, col_stride) for kernels reading R rows of N: the input itself when
-    its rows are one strided dim (and, if unit_col, elements are adjacent), else a copy."""
+def _reader(call: TopkCall, unit_col: bool):
+    """(read, row_stride, col_stride) for kernels reading R rows of N: read(x) is the tensor
+    they read for an input x of the call's layout, None where that is x itself (its rows are
+    one strided dim and, if unit_col, elements are adjacent), else a contiguous copy."""
     if call.viewable and (not unit_col or call.col_stride == 1 or call.N <= 1):
-        return call.input, call.row_stride, (call.col_stride if call.N > 1 else 1)
-    xt = call.input.movedim(call.dim, -1).contiguous()
-    return xt, call.N, 1
+        return None, call.row_stride, (call.col_stride if call.N > 1 else 1)
+    dim = call.dim
+    return (lambda x: x.movedim(dim, -1).contiguous()), call.N, 1
 
 
-def _outputs(call: TopkCall) -> tuple[torch.Tensor, torch.Tensor]:
-    """Values and indices as the kernels write them: R rows of k, contiguous, shaped with the
-    input's other dims first (already torch's layout when dim is the last one)."""
+def _output_maker(call: TopkCall):
+    """new() -> (values, indices) as the kernels write them: R rows of k, contiguous, shaped
+    with the input's other dims first (already torch's layout when dim is the last one)."""
     shape = call.lead + (call.k,)
-    dev = call.input.device
-    return (torch.empty(shape, dtype=call.input.dtype, device=dev),
-            torch.empty(shape, dtype=torch.int64, device=dev))
+    dtype, device = call.input.dtype, call.input.device
+
+    def new() -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(shape, dtype=dtype, device=device),
+                torch.empty(shape, dtype=torch.int64, device=device))
+
+    return new
 
 
-def _shape_out(call: TopkCall, values: torch.Tensor, indices: torch.Tensor):
-    """Results from _outputs() -> torch.topk's layout: k at `dim`, contiguous. Under autograd
-    the values are gathered again from the input (k per row), which gives them torch's
-    gradient (a scatter into the selected positions)."""
-    if call.dim != max(call.nd, 1) - 1:
-        values = values.movedim(-1, call.dim).contiguous()
-        indices = indices.movedim(-1, call.dim).contiguous()
-    if call.input.requires_grad and torch.is_grad_enabled():
-        values = torch.gather(call.input, call.dim, indices)
-    return torch.return_types.topk((values, indices))
+def _output_finisher(call: TopkCall, sort_after: bool = False):
+    """finish(values, indices): results from _output_maker()'s tensors in torch.topk's layout
+    (k at `dim`, contiguous); with sort_after, winners the kernels left unordered (64-bit
+    keys, k past an in-register sort) are sorted first."""
+    dim, largest = call.dim, call.largest
+    moved = dim != max(call.nd, 1) - 1
+
+    def finish(values: torch.Tensor, indices: torch.Tensor):
+        if sort_after:
+            values, order = torch.sort(values, dim=-1, descending=largest)
+            indices = indices.gather(-1, order)
+        if moved:
+            values = values.movedim(-1, dim).contiguous()
+            indices = indices.movedim(-1, dim).contiguous()
+        return torch.return_types.topk((values, indices))
+
+    return finish
+
+
+def _grad(call: TopkCall) -> bool:
+    return call.input.requires_grad and torch.is_grad_enabled()
+
+
+def _with_grad(call: TopkCall, out):
+    """Under autograd the values are gathered again from the input (k per row), which gives
+    them torch's gradient (a scatter into the selected positions)."""
+    if _grad(call):
+        return torch.return_types.topk((torch.gather(call.input, call.dim, out.indices),
+                                        out.indices))
+    return out
 
 
 def _trivial(call: TopkCall):
     """0-d inputs and empty results: no kernel to launch."""
     if call.nd == 0:
         return torch.topk(call.input, call.k, -1, call.largest, call.sorted)
-    if call.k == 0 or call.R == 0:
-        return _shape_out(call, *_outputs(call))
+    if call.empty:
+        return _with_grad(call, _output_finisher(call)(*_output_maker(call)()))
     return None
+
+
+def _run(call: TopkCall, prepare, config):
+    """run() of a backend whose prepared call is prepare(call, config): that function on the
+    call's own input (one code path for both), except for calls that launch nothing; under
+    autograd the values are gathered again."""
+    done = _trivial(call)
+    if done is not None:
+        return done
+    return _with_grad(call, prepare(call, config)(call.input))
+
+
+def _bind(call: TopkCall, prepare, config):
+    """bind() of such a backend: None (run() every time) where a call launches nothing or
+    needs autograd (its gather reads the call's own input, which a prepared call never holds)."""
+    if call.nd == 0 or call.empty or _grad(call):
+        return None
+    return prepare(call, config)
 
 
 def _torch_topk(call: TopkCall):
@@ -229,3 +278,14 @@ def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
 def replay(call: TopkCall) -> tuple[tuple, dict]:
     """The public call a prepared one came from (tuning's first runs)."""
     return (call.input, call.k, call.dim, call.largest, call.sorted), {}
+
+
+class PreparedRuns:
+    """run() and bind() of a backend whose work is its `_prepared(call, config)`, a function of
+    the input (both go through it: one code path for the launch arithmetic)."""
+
+    def run(self, call: TopkCall, config):
+        return _run(call, self._prepared, config)
+
+    def bind(self, call: TopkCall, config):
+        return _bind(call, self._prepared, config)

@@ -12,7 +12,7 @@ import triton.language as tl
 from ...dispatch.backend import PlannedBackend
 from ...errors import OpselectError
 from ...switches import enabled
-from .call import TopkCall, _outputs, _rows, _shape_out
+from .call import PreparedRuns, TopkCall
 
 
 # The one-launch radix mode has the programs of a row wait for each other; it keeps the grid
@@ -327,7 +327,7 @@ def _key64(dtype: torch.dtype) -> bool:
     return dtype.itemsize == 8
 
 
-class _PlannedBackend(PlannedBackend):
+class _PlannedBackend(PreparedRuns, PlannedBackend):
     """A topk backend whose launches follow a plan made from the call's rows, row length, k,
     dtype and order flag, the SM count and a config (memoised: dispatch.backend.PlannedBackend);
     the plan object is also the Launchers' spec and the cost model's input."""
@@ -335,21 +335,9 @@ class _PlannedBackend(PlannedBackend):
     def plan_facts(self, call: TopkCall) -> tuple:
         return (call.R, call.N, call.k, call.input.dtype, call.sorted)
 
-    def _setup(self, call: TopkCall, config: dict):
-        """(plan, rows, row stride, values, indices, workspace) of a call the plan takes; a
-        plan that refuses the call raises with its reason."""
+    def _checked_plan(self, call: TopkCall, config: dict):
+        """The call's plan; a plan that refuses the call raises with its reason."""
         p = self.plan(call, config)
         if getattr(p, "reason", None):
             raise OpselectError(f"topk {self.name}: {p.reason}")
-        x, row_stride, _ = _rows(call, unit_col=True)
-        values, indices = _outputs(call)
-        ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=x.device)
-        return p, x, row_stride, values, indices, ws
-
-    def _finish(self, call: TopkCall, p, values: torch.Tensor, indices: torch.Tensor):
-        """torch's layout of the results; winners the kernels left unordered (64-bit keys, k
-        past the in-register sort) are sorted here first."""
-        if p.sort_after:
-            values, order = torch.sort(values, dim=-1, descending=call.largest)
-            indices = indices.gather(-1, order)
-        return _shape_out(call, values, indices)
+        return p

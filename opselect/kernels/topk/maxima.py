@@ -15,7 +15,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ...heuristics import topk as cost
 from ...switches import enabled
 from .._common import Launcher, cdiv, next_pow2
-from .call import TopkCall, _trivial
+from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend, _cut, _key64,
                      _key_limits, _order_key, _row_buffers, _select, _typed, _write_out)
 
@@ -538,23 +538,34 @@ class MaximaBackend(_PlannedBackend):
     def make_plan(self, call: TopkCall, config: dict, sms: int) -> MaximaPlan:
         return maxima_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
 
-    def run(self, call: TopkCall, config):
-        done = _trivial(call)
-        if done is not None:
-            return done
-        p, x, row_stride, values, indices, ws = self._setup(call, config)
+    def _prepared(self, call: TopkCall, config):
+        """The prepared call (see Backend.bind): a function of the input, everything else
+        worked out here once."""
+        p = self._checked_plan(call, config)
+        read, row_stride, _ = _reader(call, unit_col=True)
         R, N, k = call.R, call.N, call.k
-        off_smax, off_gmax, off_scr, off_sbuf, off_sidx = p.workspace_offsets
+        device, index = call.input.device, call.info.index
+        new_outputs, finish = _output_maker(call), _output_finisher(call, p.sort_after)
         flip = 0 if call.largest else -1
         # griddepcontrol needs sm_90; the interpreter has no such instruction.
         pdl = p.pdl and not call.info.interpreted and (call.info.capability or (0, 0)) >= (9, 0)
         spec = (p, row_stride, flip, pdl)
-        _MAXIMA_PASS(spec, (R, p.programs_per_row),
-                     (x, ws, off_smax, off_gmax, N, row_stride, p.group_row_stride,
-                      p.supergroup_row_stride, p.chunk, flip))
-        _MAXIMA_SELECT(spec, (R, p.select_programs_per_row),
-                       (x, ws, off_smax, off_gmax, off_scr, off_sbuf, off_sidx, values, indices,
-                        N, row_stride, k, p.k_hi, p.group_row_stride, p.supergroup_row_stride,
-                        p.groups, p.supergroups, p.groups_per_program, p.select_programs_per_row,
-                        p.survivor_capacity, p.tie_capacity, flip))
-        return self._finish(call, p, values, indices)
+        launch_pass = _MAXIMA_PASS.bind(spec, (R, p.programs_per_row), index)
+        launch_select = _MAXIMA_SELECT.bind(spec, (R, p.select_programs_per_row), index)
+        offsets, size = p.workspace_offsets, p.workspace_elements
+        pass_args = (offsets[0], offsets[1], N, row_stride, p.group_row_stride,
+                     p.supergroup_row_stride, p.chunk, flip)
+        select_ints = (N, row_stride, k, p.k_hi, p.group_row_stride, p.supergroup_row_stride,
+                       p.groups, p.supergroups, p.groups_per_program, p.select_programs_per_row,
+                       p.survivor_capacity, p.tie_capacity, flip)
+
+        def topk(x: torch.Tensor):
+            if read is not None:
+                x = read(x)
+            values, indices = new_outputs()
+            ws = torch.empty(size, dtype=torch.int64, device=device)
+            launch_pass(x, ws, *pass_args)
+            launch_select(x, ws, *offsets, values, indices, *select_ints)
+            return finish(values, indices)
+
+        return topk

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ...heuristics import topk as cost
 from .._common import Launcher, cdiv, next_pow2
-from .call import TopkCall, _outputs, _rows, _trivial
+from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend,
                      _key64, _key_limits, _kth, _order_key, _row_buffers, _select, _src_tile,
                      _store_winners, _typed, _write_out)
@@ -574,40 +574,76 @@ class RadixBackend(_PlannedBackend):
     def make_plan(self, call: TopkCall, config: dict, sms: int) -> RadixPlan:
         return radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
 
-    def run(self, call: TopkCall, config):
-        done = _trivial(call)
-        if done is not None:
-            return done
+    def _prepared(self, call: TopkCall, config):
+        """The prepared call (see Backend.bind) in the plan's mode: a function of the input,
+        everything else worked out here once."""
         p = self.plan(call, config)
-        x, row_stride, _ = _rows(call, unit_col=True)
+        read, row_stride, _ = _reader(call, unit_col=True)
         R, N, k = call.R, call.N, call.k
-        dev = x.device
-        values, indices = _outputs(call)
+        device, index = call.input.device, call.info.index
+        new_outputs, finish = _output_maker(call), _output_finisher(call, p.sort_after)
         flip = 0 if call.largest else -1
         spec = (p, row_stride, flip)
         o = p.workspace_offsets
+        size = p.workspace_elements
         if p.mode == "direct":
-            _RADIX_DIRECT(spec, (R,), (x, values, indices, N, row_stride, k, flip))
-        elif p.mode == "fused":
-            ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
-            _RADIX_ROWS(spec, (R,),
-                        (x, ws, o["sbuf"], o["sidx"], values, indices, N, row_stride, k,
-                         p.threshold_rank, p.survivor_capacity, p.tie_capacity, flip))
-        else:
-            if p.mode == "coop":
-                # The per-row counters start at zero (with the rest when that is small: one
-                # memset instead of an allocation and a memset).
-                if p.workspace_elements <= (1 << 20):
-                    ws = torch.zeros(p.workspace_elements, dtype=torch.int64, device=dev)
+            launch = _RADIX_DIRECT.bind(spec, (R,), index)
+
+            def direct(x: torch.Tensor):
+                if read is not None:
+                    x = read(x)
+                values, indices = new_outputs()
+                launch(x, values, indices, N, row_stride, k, flip)
+                return finish(values, indices)
+
+            return direct
+        if p.mode == "fused":
+            launch = _RADIX_ROWS.bind(spec, (R,), index)
+            buffers = (o["sbuf"], o["sidx"])
+            ints = (N, row_stride, k, p.threshold_rank, p.survivor_capacity, p.tie_capacity,
+                    flip)
+
+            def fused(x: torch.Tensor):
+                if read is not None:
+                    x = read(x)
+                values, indices = new_outputs()
+                ws = torch.empty(size, dtype=torch.int64, device=device)
+                launch(x, ws, *buffers, values, indices, *ints)
+                return finish(values, indices)
+
+            return fused
+        offsets = (o["lists"], o["sbuf"], o["sidx"])
+        launch_filter = _RADIX_FILTER.bind(spec, (R, p.programs_per_row), index)
+        ints = (N, row_stride, k, p.threshold_rank, p.survivor_capacity, p.tie_capacity,
+                p.tiles_per_program, p.programs_per_row, p.sample_blocks, flip)
+        if p.mode == "coop":
+            # The per-row counters start at zero (with the rest when that is small: one
+            # memset instead of an allocation and a memset).
+            zero_all, counters = size <= (1 << 20), int(COUNTERS) * R
+
+            def coop(x: torch.Tensor):
+                if read is not None:
+                    x = read(x)
+                values, indices = new_outputs()
+                if zero_all:
+                    ws = torch.zeros(size, dtype=torch.int64, device=device)
                 else:
-                    ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
-                    ws[:int(COUNTERS) * R].zero_()
-            else:
-                ws = torch.empty(p.workspace_elements, dtype=torch.int64, device=dev)
-                _RADIX_SAMPLE(spec, (R, p.sample_blocks),
-                              (x, ws, o["lists"], N, row_stride, p.sample_blocks, flip))
-            _RADIX_FILTER(spec, (R, p.programs_per_row),
-                          (x, ws, o["lists"], o["sbuf"], o["sidx"], values, indices, N,
-                           row_stride, k, p.threshold_rank, p.survivor_capacity, p.tie_capacity,
-                           p.tiles_per_program, p.programs_per_row, p.sample_blocks, flip))
-        return self._finish(call, p, values, indices)
+                    ws = torch.empty(size, dtype=torch.int64, device=device)
+                    ws[:counters].zero_()
+                launch_filter(x, ws, *offsets, values, indices, *ints)
+                return finish(values, indices)
+
+            return coop
+        launch_sample = _RADIX_SAMPLE.bind(spec, (R, p.sample_blocks), index)
+        sample_args = (o["lists"], N, row_stride, p.sample_blocks, flip)
+
+        def split(x: torch.Tensor):
+            if read is not None:
+                x = read(x)
+            values, indices = new_outputs()
+            ws = torch.empty(size, dtype=torch.int64, device=device)
+            launch_sample(x, ws, *sample_args)
+            launch_filter(x, ws, *offsets, values, indices, *ints)
+            return finish(values, indices)
+
+        return split

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ...heuristics import topk as cost
 from .._common import Launcher, cdiv, next_pow2
-from .call import TopkCall, _shape_out, _trivial
+from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _select, _take_k,
                      _write_out)
 
@@ -286,16 +286,29 @@ class TournamentBackend(_PlannedBackend):
     def make_plan(self, call: TopkCall, config: dict, sms: int) -> TournamentPlan:
         return tournament_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
 
-    def run(self, call: TopkCall, config):
-        done = _trivial(call)
-        if done is not None:
-            return done
-        p, x, row_stride, values, indices, ws = self._setup(call, config)
-        R, N, k = call.R, call.N, call.k
-        if p.programs_per_row > 1:
-            ws[:p.workspace_offsets[0]].zero_()  # the per-row tickets
+    def _prepared(self, call: TopkCall, config):
+        """The prepared call (see Backend.bind): a function of the input, everything else
+        worked out here once."""
+        p = self._checked_plan(call, config)
+        read, row_stride, _ = _reader(call, unit_col=True)
+        device = call.input.device
+        new_outputs, finish = _output_maker(call), _output_finisher(call)
         flip = 0 if call.largest else -1
-        _TOURNAMENT((p, row_stride, flip), (R, p.programs_per_row),
-                    (x, ws, *p.workspace_offsets, values, indices, N, row_stride, k, p.chunk,
-                     p.programs_per_row, flip))
-        return _shape_out(call, values, indices)
+        launch = _TOURNAMENT.bind((p, row_stride, flip), (call.R, p.programs_per_row),
+                                  call.info.index)
+        offsets, size = p.workspace_offsets, p.workspace_elements
+        # The per-row tickets of shared rows start at zero.
+        tickets = offsets[0] if p.programs_per_row > 1 else 0
+        ints = (call.N, row_stride, call.k, p.chunk, p.programs_per_row, flip)
+
+        def topk(x: torch.Tensor):
+            if read is not None:
+                x = read(x)
+            values, indices = new_outputs()
+            ws = torch.empty(size, dtype=torch.int64, device=device)
+            if tickets:
+                ws[:tickets].zero_()
+            launch(x, ws, *offsets, values, indices, *ints)
+            return finish(values, indices)
+
+        return topk
