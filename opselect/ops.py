@@ -73,8 +73,10 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
         route = _isin.OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
             if route[0] is None:
-                return torch.isin(elements, test_elements, assume_unique=assume_unique,
-                                  invert=invert)
+                if assume_unique or invert:
+                    return torch.isin(elements, test_elements, assume_unique=assume_unique,
+                                      invert=invert)
+                return torch.isin(elements, test_elements)  # (keywords cost the parser time)
             return route[0](elements, test_elements)
     elif key is not None:
         prepared = _isin.OP.forced_routes.get((backend, key), _UNSEEN)

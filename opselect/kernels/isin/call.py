@@ -71,12 +71,13 @@ def plain_key(elements, test_elements, assume_unique, invert) -> tuple | None:
             and type(invert) is bool and type(assume_unique) is bool):
         test_shape = test_elements.shape
         dtype = elements.dtype
-        # (a sparse CSR tensor has no strides: it takes the full path, as it did before)
         if len(test_shape) <= 1 and test_elements.dtype is dtype and not (
-                elements.is_neg() or test_elements.is_neg()) and (
-                elements.layout is torch.strided and test_elements.layout is torch.strided):
-            return (elements.shape, elements.stride(), test_shape, test_elements.stride(), dtype,
-                    elements.device, test_elements.device, invert, assume_unique)
+                elements.is_neg() or test_elements.is_neg()):
+            try:
+                return (elements.shape, elements.stride(), test_shape, test_elements.stride(),
+                        dtype, elements.device, test_elements.device, invert, assume_unique)
+            except RuntimeError:  # a sparse tensor has no strides: the full path takes it
+                return None
     return None
 
 
