@@ -132,20 +132,30 @@ def workload(model, phase: str, batch: int, tokens: int, device: torch.device):
                 return model(ids).logits
 
         return forward
+    import inspect
+
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=tokens + 1)
+    # transformers 5 names the argument `cache` and counts the cache's length itself (a tensor
+    # per layer); 4 took past_key_values and a cache_position.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else \
+        "past_key_values"
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True,
-              cache_position=torch.arange(tokens, device=device))
+        model(ids, use_cache=True, cache_position=torch.arange(tokens, device=device),
+              **{name: cache})
+    lengths = [layer.cumulative_length for layer in getattr(cache, "layers", ())
+               if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
     last = ids[:, -1:].clone()
     position = torch.tensor([tokens], device=device)
     warp = warpers()[phase]
 
     def decode():
         with torch.no_grad():
-            logits = model(last, past_key_values=cache, use_cache=True,
-                           cache_position=position).logits[:, -1, :]
+            for length in lengths:  # back to the prompt: every step does the same work
+                length.fill_(tokens)
+            logits = model(last, use_cache=True, cache_position=position,
+                           **{name: cache}).logits[:, -1, :]
             scores = warp(last, logits.float())
             probs = torch.nn.functional.softmax(scores, dim=-1)
             return torch.multinomial(probs, num_samples=1)

@@ -121,9 +121,12 @@ class TorchBackend(Backend):
     name = "torch"
     uses_triton = False
 
-    def __init__(self, fn: Callable[[Any], Any], estimate: Callable[[Any, Any, Any], Estimate]):
+    def __init__(self, fn: Callable[[Any], Any], estimate: Callable[[Any, Any, Any], Estimate],
+                 prepared: Callable[[Any], Callable[..., Any]] | None = None):
         self._fn = fn
         self.estimate = _with_plan_argument(estimate)  # torch's op has no plan: it gets None
+        #: call -> torch's op as a function of the call's tensors (its scalars bound)
+        self._prepared = prepared
 
     def supports(self, call: Any) -> str | None:
         return None
@@ -132,9 +135,12 @@ class TorchBackend(Backend):
         return self._fn(call)
 
     def bind(self, call: Any, config: Config) -> Callable[..., Any] | None:
-        """torch's op on other tensors of the call's plain key (the call's for_input); routes
-        of torch's op are answered by ops.py directly, so this serves the prepared calls that
-        choose per regime (Op._route)."""
+        """torch's op on other tensors of the call's plain key: the op's own `prepared(call)`
+        (torch's function with the call's scalars bound), else through the call's for_input.
+        Routes of torch's op are answered by ops.py directly, so this serves the prepared calls
+        that choose per regime (Op._route), on the eager side of which it is the whole call."""
+        if self._prepared is not None:
+            return self._prepared(call)
         remake = getattr(call, "for_input", None)
         if remake is None:
             return None

@@ -51,8 +51,17 @@ def tuning(enabled: bool = True) -> Iterator[None]:
 
 def capturing(info: Any) -> bool:
     """True while the current CUDA stream of a CUDA device is capturing a graph: tuning is
-    suspended then (measuring would synchronise and allocate outside the graph's pool)."""
-    return info.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    suspended then (measuring would synchronise and allocate outside the graph's pool), and a
+    choice that differs per regime takes the graph's. (The C function itself: a route that
+    asks on every call pays a Python frame less.)"""
+    return info.type == "cuda" and _stream_capturing()
+
+
+def _stream_capturing() -> bool:
+    global _stream_capturing
+    _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                                torch.cuda.is_current_stream_capturing)
+    return _stream_capturing()
 
 
 def measure(fn: Callable[[], Any], device: torch.device, *, budget_ms: float = 40.0) -> float:

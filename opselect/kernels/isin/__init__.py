@@ -23,6 +23,8 @@ order, so a test set sorted as floats is sorted as keys too."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...dispatch.backend import TorchBackend
@@ -40,7 +42,8 @@ __all__ = ["OP", "IsinCall", "SUPPORTED_DTYPES", "_SUPPORTED", "prepare", "sampl
            "bitmap_capacity", "CompareBackend", "SearchBackend", "HashBackend", "BitmapBackend"]
 
 OP = register(Op("isin", prepare, [
-    TorchBackend(_torch_isin, cost.torch_),
+    TorchBackend(_torch_isin, cost.torch_, lambda call: functools.partial(
+        torch.isin, assume_unique=call.assume_unique, invert=call.invert)),
     CompareBackend(),
     SearchBackend(),
     HashBackend(),

@@ -37,6 +37,8 @@ Backends:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...dispatch.backend import TorchBackend
@@ -61,7 +63,8 @@ def transpose(input, dim0, dim1, *, out: torch.Tensor | None = None,
 
 
 OP = register(Op("permute", prepare, [
-    TorchBackend(_torch_permute, cost.torch_),
+    TorchBackend(_torch_permute, cost.torch_,
+                 lambda call: functools.partial(torch.permute_copy, dims=call.dims)),
     NaiveBackend(),
     TiledBackend(),
     VectorizedBackend(),

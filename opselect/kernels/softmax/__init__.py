@@ -41,6 +41,10 @@ output is contiguous, as torch's."""
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from ...dispatch.backend import TorchBackend
 from ...dispatch.op import Op, register
 from ...heuristics import softmax as cost
@@ -68,7 +72,9 @@ LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
 
 def _make_op(name: str, prepare) -> Op:
     op = Op(name, prepare, [
-        TorchBackend(_torch_softmax, cost.torch_),
+        TorchBackend(_torch_softmax, cost.torch_, lambda call: functools.partial(
+            torch.log_softmax if call.log else torch.softmax, dim=call.dim,
+            dtype=call.dtype_arg)),
         FusedBackend(),
         OnlineBackend(),
         MultirowBackend(),

@@ -49,6 +49,8 @@ torch's (they are read back from the input at the returned indices)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...dispatch.backend import TorchBackend
@@ -68,7 +70,8 @@ __all__ = ["OP", "TopkCall", "SUPPORTED_DTYPES", "prepare", "sample", "replay", 
 
 
 OP = register(Op("topk", prepare, [
-    TorchBackend(_torch_topk, cost.torch_),
+    TorchBackend(_torch_topk, cost.torch_, lambda call: functools.partial(
+        torch.topk, k=call.k, dim=call.dim, largest=call.largest, sorted=call.sorted)),
     RadixBackend(),
     TournamentBackend(),
     MaximaBackend(),
