@@ -113,6 +113,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
     os.environ.setdefault("OPSELECT_CACHE_DIR", tempfile.mkdtemp(prefix="opselect-regimes-"))
     import opselect
@@ -174,7 +175,7 @@ def main() -> None:
     text = json.dumps(result, indent=1)
     md = markdown(result)
     print(md)
-    if not args.smoke:
+    if not (args.smoke or args.no_save):
         out = RESULTS / gpu_slug(device)
         out.mkdir(parents=True, exist_ok=True)
         (out / "regimes.json").write_text(text)
