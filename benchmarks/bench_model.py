@@ -209,10 +209,15 @@ def profile(fn, routed: bool, device: torch.device) -> dict[str, float]:
                 torch.cuda.synchronize()
     out: dict[str, float] = {}
     for event in prof.key_averages():
-        us = getattr(event, "device_time_total", None)
-        if us is None:
-            us = getattr(event, "cuda_time_total", 0.0)
-        if device.type != "cuda":
+        if device.type == "cuda":
+            # The kernels themselves (events on the device), not the ops that launched them:
+            # an op's time counts its kernels again.
+            if "CUDA" not in str(getattr(event, "device_type", "")).upper():
+                continue
+            us = getattr(event, "self_device_time_total", None)
+            if us is None:
+                us = getattr(event, "self_cuda_time_total", 0.0)
+        else:
             us = event.self_cpu_time_total
         if us and not event.key.startswith("ProfilerStep"):
             out[event.key] = float(us)
@@ -222,10 +227,7 @@ def profile(fn, routed: bool, device: torch.device) -> dict[str, float]:
 def gave_and_lost(without: dict[str, float], with_: dict[str, float], top: int = 6) -> list:
     """The entries whose device time changed most with opselect: (name, us without, us with)."""
     names = set(without) | set(with_)
-    # Kernels only (names of aten ops include their kernels' time again): on CUDA the kernel
-    # names carry no '::'.
-    kernels = [n for n in names if "::" not in n] or list(names)
-    moved = sorted(kernels, key=lambda n: -abs(with_.get(n, 0.0) - without.get(n, 0.0)))
+    moved = sorted(names, key=lambda n: -abs(with_.get(n, 0.0) - without.get(n, 0.0)))
     return [(n[:90], round(without.get(n, 0.0), 1), round(with_.get(n, 0.0), 1))
             for n in moved[:top]]
 
