@@ -73,6 +73,7 @@ def _raw_set(value, key: str | None = None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # (make test-all; see the Makefile)
 def test_two_processes_share_the_cache(isolated_cache):
     """Process 1 tunes a shape; process 2 decides it from the cache without measuring."""
     script = textwrap.dedent("""

@@ -121,6 +121,7 @@ def test_explain_and_what_if(capsys, cpu_triton):
     assert "choice: torch" not in out  # a GPU would not pick torch for this
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 def test_demo_runs_as_a_new_user_would(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "c"),
            "PYTHONPATH": str(ROOT)}

@@ -16,6 +16,7 @@ from opselect.dispatch.device import INTERPRETED
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.skipif(not INTERPRETED, reason="interpreter run (ranks on the CPU)")
 def test_two_ranks_agree_after_sync(tmp_path):
     init = tmp_path / "init"

@@ -131,6 +131,7 @@ def maxima_can(x: torch.Tensor, k: int, dim: int = -1) -> bool:
     return refuses("maxima", x, k, dim) is None
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("largest", [True, False])
 def test_special_values(cpu_triton, backend, largest):
@@ -477,6 +478,7 @@ def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
     assert plan.coop and plan.select_programs_per_row == 2  # (UB=16: candidates re-read 16 at a time)
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float64])
 def test_maxima_survivor_overflow_takes_the_whole_row(cpu_triton, dtype):
     # A sorted row: every large value is in the last supergroups, so the cut (a supergroup
@@ -489,6 +491,7 @@ def test_maxima_survivor_overflow_takes_the_whole_row(cpu_triton, dtype):
     run_forced("maxima", x.flip(-1), 30, config, sorted=False)
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 def test_maxima_ties_at_the_cut(cpu_triton):
     # Few distinct values: fewer than k keys exceed the cut, the rest are its ties. Every group's
     # maximum is the cut; each program gathers only the first k tied groups of its share, and
@@ -741,6 +744,7 @@ def test_property_small(cpu_triton, shape, data, backend, ties):
     check(x, k, dim, largest, sorted_, backend=backend)
 
 
+@pytest.mark.slow  # (make test-all; see the Makefile)
 @settings(max_examples=6, **SETTINGS)
 @given(n=st.integers(513, 2500), data=st.data())
 def test_property_radix_long_rows(cpu_triton, n, data):
