@@ -237,28 +237,21 @@ class Op:
                 choice = self._cold.get(call.exact)
                 if choice is None or _tuning.state.active:
                     choice = self._select(call)
-            if route is not None:
-                prepared = self._route(call, choice)
-                if prepared is not False:
-                    routes = self.routes
-                    if len(routes) >= ROUTES_MAX:
-                        routes.clear()
-                    routes[route] = (prepared, not choice.provisional, choice.backend.name)
-                    if prepared is not None:
-                        return prepared(*call.inputs())
-            if choice.graph is not None and _tuning.capturing(call.info):
-                choice = choice.graph
+            table, entry = self.routes, (not choice.provisional, choice.backend.name)
         else:
             choice = self._forced.get((backend, call.key)) or self._force(call, backend)
-            if route is not None:
-                prepared = self._route(call, choice)
-                if prepared is not False:
-                    forced = self.forced_routes
-                    if len(forced) >= ROUTES_MAX:
-                        forced.clear()
-                    forced[(backend, route)] = prepared
-                    if prepared is not None:
-                        return prepared(*call.inputs())
+            table, entry, route = self.forced_routes, None, None if route is None else \
+                (backend, route)
+        if route is not None:
+            prepared = self._route(call, choice)
+            if prepared is not False:
+                if len(table) >= ROUTES_MAX:
+                    table.clear()
+                table[route] = prepared if entry is None else (prepared, *entry)
+                if prepared is not None:
+                    return prepared(*call.inputs())
+        if choice.graph is not None and _tuning.capturing(call.info):
+            choice = choice.graph
         info = call.info
         if info.type == "cuda" and info.index != torch.cuda.current_device():
             # Triton launches on the current device, not the tensors': switch for this call.

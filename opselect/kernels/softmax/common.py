@@ -304,6 +304,12 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int):
     plan = rows_plan(_read_dtype(call), out_dtype, ints, a, log, f64, block_r, bn, stages, i64,
                      warps)
     launch = _ROWS_FWD.bind(plan, (cdiv(tiles, per),), call.info.index)
+    return _one_launch(read, launch, ints, shape, out_dtype, device)
+
+
+def _one_launch(read, launch, ints: tuple, shape: tuple, out_dtype: torch.dtype, device):
+    """The prepared forward of a one-kernel path: x -> y, the kernel reading read(x) (or x)
+    and writing a new y."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:

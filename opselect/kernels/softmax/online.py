@@ -15,8 +15,8 @@ from ...heuristics import softmax as cost
 from .._common import Launcher, cdiv, needs_int64, next_pow2
 from .autograd import _run
 from .call import SoftmaxCall
-from .common import (_acc, _align, _cast_for, _finish, _merge, _new, _online_step, _read_dtype,
-                     _reader, _row_and_part, _rows_reason)
+from .common import (_acc, _align, _cast_for, _finish, _merge, _new, _one_launch, _online_step,
+                     _read_dtype, _reader, _row_and_part, _rows_reason)
 
 
 # online takes rows longer than this (shorter ones are the fused and multirow backends' job).
@@ -285,15 +285,7 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int):
         ints = (n // a, sx // a, n // a)
         launch = _ONLINE_FWD.bind(chunk_plan(in_dtype, out_dtype, ints, a, log, f64, block, i64,
                                              warps), (rows,), index)
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            if read is not None:
-                x = read(x)
-            y = _new(shape, out_dtype, device)
-            launch(x, y, *ints)
-            return y
-
-        return forward
+        return _one_launch(read, launch, ints, shape, out_dtype, device)
     chunk = cdiv(cdiv(n, split), block) * block
     split = cdiv(n, chunk)
     acc = torch.float64 if call.f64 else torch.float32

@@ -11,9 +11,9 @@ from ...heuristics import softmax as cost
 from .._common import Launcher, cdiv, needs_int64, next_pow2
 from .autograd import _run
 from .call import SoftmaxCall
-from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _new, _online_step,
-                     _read_dtype, _reader, _strided_plan, _warps, strided_constexprs,
-                     strided_launch_plan)
+from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _one_launch,
+                     _online_step, _read_dtype, _reader, _strided_plan, _warps,
+                     strided_constexprs, strided_launch_plan)
 
 
 @triton.jit
@@ -90,15 +90,7 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int):
     plan = strided_launch_plan(_read_dtype(call), out_dtype, None, ints, a, log, f64, bn, bi,
                                single, i64, warps)
     launch = _STRIDED_FWD.bind(plan, (outer * n_ib,), call.info.index)
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if read is not None:
-            x = read(x)
-        y = _new(shape, out_dtype, device)
-        launch(x, y, *ints)
-        return y
-
-    return forward
+    return _one_launch(read, launch, ints, shape, out_dtype, device)
 
 
 class StridedBackend(Backend):
