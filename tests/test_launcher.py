@@ -137,3 +137,71 @@ def test_the_interpreter_never_binds():
     if isinstance(topk.maxima._maxima_pass_kernel, triton.runtime.JITFunction):
         pytest.skip("kernels are compiled here")
     assert not topk.maxima._MAXIMA_PASS.fast
+
+
+def test_a_bound_launch_passes_addresses_once_bound(launcher):
+    """A BoundLaunch hands Triton's launcher the addresses it read for the alignment check
+    (ints), not the tensors: Triton's C launcher would call data_ptr() again and ask the driver
+    about each pointer."""
+    fn, _ = launcher
+    lau = Launcher(fn, lambda spec: meta())
+    lau.fast = True
+    bound = lau.bind("s", (3,), 0)
+    x = torch.zeros(64)
+    bound(x, 64, 0)
+    bound(x, 64, 0)
+    assert [e[0] for e in fn.log] == ["triton", "fast"]
+    assert fn.log[1][1:] == ("k0", (3, 1, 1), 77, (x.data_ptr(), 64, 0, 32))
+    bound(x[1:], 64, 0)  # another alignment: Triton's path binds it
+    bound(x[1:], 64, 0)
+    assert [e[0] for e in fn.log][2:] == ["triton", "fast"]
+    assert fn.log[3][1:3] == ("k1", (3, 1, 1))
+    hook = triton.knobs.runtime.launch_exit_hook
+
+    def probe(*args):
+        pass
+
+    hook.add(probe)  # a profiler's hook: Triton's own path, which calls it
+    try:
+        bound(x, 64, 0)
+    finally:
+        hook.remove(probe)
+    bound(x, 64, 0)
+    assert [e[0] for e in fn.log][4:] == ["triton", "fast"]
+
+
+def test_the_launcher_abi_is_known_for_the_tritons_we_support():
+    """Triton 3.6 to 3.9 each get a direct C launch (1: 3.6's compiled module per kernel, 2: the
+    generic launcher of 3.7 on); a Triton we do not know goes through its Python wrapper."""
+    version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    abi = _common._launcher_abi()
+    if version == (3, 6):
+        assert abi == 1
+    elif (3, 7) <= version <= (3, 9):
+        assert abi == 2
+    else:
+        assert abi == 0
+
+
+@pytest.mark.gpu
+def test_a_repeated_call_launches_through_the_c_launcher():
+    from opselect import ops
+
+    x = torch.randn(8, 512, device="cuda")
+    seen = []
+    original = _common.BoundLaunch.__call__
+
+    def spy(self, *args):
+        seen.append(self)
+        return original(self, *args)
+
+    for _ in range(3):
+        ops.softmax(x, backend="fused")
+    _common.BoundLaunch.__call__ = spy
+    try:
+        y = ops.softmax(x, backend="fused")
+    finally:
+        _common.BoundLaunch.__call__ = original
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    launch = seen[-1].kernels[0]
+    assert launch.__qualname__.startswith("_c_launch"), launch.__qualname__

@@ -25,6 +25,7 @@ from opselect.dispatch import get_op
 from opselect.dispatch.op import MEASURED_TORCH_MARGIN
 from opselect.errors import ArgumentTypeError, BackendError, InvalidArgument
 from opselect.kernels import softmax as sm
+from opselect.kernels import _common
 
 SOFTMAX_MODULES = [importlib.import_module(f"opselect.kernels.softmax.{name}") for name in
                    ("call", "common", "autograd", "fused", "multirow", "online", "strided")]
@@ -47,13 +48,9 @@ TOL = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2), torch.float3
 
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
-    """Kernel outputs start as POISON instead of whatever memory held."""
-    real = sm.common._new
-
-    def new(shape, dtype, device):
-        return real(shape, dtype, device).fill_(POISON)
-
-    patch_everywhere(monkeypatch, "_new", new)
+    """Kernel outputs (and workspaces) start as POISON instead of whatever memory held. Set
+    before the test's first call: a prepared call makes its allocator once."""
+    monkeypatch.setattr(_common, "POISON", POISON)
 
 
 def patch_everywhere(monkeypatch, name: str, value) -> None:

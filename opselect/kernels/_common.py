@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Callable
 
 import torch
 import triton
@@ -43,6 +45,26 @@ def prepared(memo: dict, key: tuple | None, input: torch.Tensor, prepare, *args)
         memo.clear()
     memo[key] = call.for_input(None)
     return call
+
+
+#: A value every tensor from allocator() starts as, or None (uninitialised, as torch.empty). Tests
+#: set it, so that an element a kernel forgets to write shows; it is read when an allocator is
+#: made (a prepared call's), so they set it before the calls they check.
+POISON: float | None = None
+
+
+def allocator(shape, dtype: torch.dtype, device) -> Callable[[], torch.Tensor]:
+    """A function () -> a new tensor of `shape` and `dtype` on `device`: what a prepared call
+    allocates its outputs and workspaces with. torch.empty with everything bound and the sizes
+    spread as arguments: torch's argument parser takes a tuple of sizes a microsecond slower than
+    the same sizes spread, and a torch.Size slower still (on the H200's host: 2.99 us for
+    torch.empty((8, 512), ...) against 1.97 for torch.empty(8, 512, ...)), and a partial saves
+    the frame of a function around it."""
+    sizes = tuple(int(n) for n in shape) or ((),)
+    if POISON is not None:
+        value = POISON
+        return lambda: torch.empty(*sizes, dtype=dtype, device=device).fill_(value)
+    return functools.partial(torch.empty, *sizes, dtype=dtype, device=device)
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
@@ -120,10 +142,8 @@ class Launcher:
         key = (spec, device, misaligned)
         bound = self.bound.get(key)
         if bound is not None and not Launcher.verify and _hooks_idle():
-            compiled, tail = bound
             g = grid + (1, 1)
-            compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function,
-                         compiled.packed_metadata, None, None, None, *args, *tail)
+            bound[1](g[0], g[1], g[2], _current_stream(device), args)
             return
         self._observe()
         named = self._constexprs(spec, constexprs)
@@ -139,7 +159,7 @@ class Launcher:
         if hasattr(compiled, "packed_metadata") and all(n in named for n in names):
             if len(self.bound) >= self.MAX_BOUND:
                 self.bound.clear()
-            self.bound[key] = (compiled, tuple(named[n] for n in names))
+            self.bound[key] = (compiled, _launch_of(compiled, tuple(named[n] for n in names)))
 
     def bind(self, spec, grid: tuple, device: int | None) -> "BoundLaunch":
         """This kernel's launch with `spec` and `grid` fixed, for a prepared call (see
@@ -164,58 +184,136 @@ class BoundLaunch:
     (Backend.bind) and calls with the runtime arguments alone.
 
     The first call of each alignment of the tensor arguments goes through the Launcher (which
-    compiles or binds as usual); later calls find the compiled kernel in a dict of the
-    alignments seen (usually one) and launch it at once on the current stream. Triton's own
-    path is taken under the interpreter, while launch hooks are set and while Launcher.verify
-    is on, as a Launcher does. A call made while another CUDA device is current switches to
-    the tensors' device for the launch (Triton launches on the current device)."""
+    compiles or binds as usual); later calls find the compiled kernel's launch in a dict of the
+    alignments seen (usually one) and launch it at once on the current stream, passing each
+    tensor as the address already read for the alignment (Triton's C launcher would otherwise
+    call data_ptr() again and ask the driver about the pointer: a microsecond per tensor).
+    Triton's own path is taken under the interpreter, while launch hooks are set and while
+    Launcher.verify is on, as a Launcher does. A call made while another CUDA device is current
+    switches to the tensors' device for the launch (Triton launches on the current device)."""
 
-    __slots__ = ("launcher", "spec", "grid", "g0", "g1", "g2", "device", "pointers", "kernels")
+    __slots__ = ("launcher", "spec", "grid", "g0", "g1", "g2", "device", "pointers", "kernels",
+                 "fast")
 
     def __init__(self, launcher: Launcher, spec, grid: tuple, device: int | None):
         self.launcher, self.spec, self.grid, self.device = launcher, spec, tuple(grid), device
         self.g0, self.g1, self.g2 = (*self.grid, 1, 1)[:3]
         self.pointers: tuple[int, ...] | None = None
-        self.kernels: dict[int, tuple] = {}  # misaligned bits -> (compiled kernel, constexprs)
+        self.kernels: dict[int, Callable] = {}  # misaligned bits -> the compiled kernel's launch
+        self.fast = launcher.fast
 
     def __call__(self, *args) -> None:
-        launcher = self.launcher
-        if not (launcher.fast and Launcher.enabled):
-            launcher(self.spec, self.grid, args)
+        if not (self.fast and Launcher.enabled) or Launcher.verify:
+            self.launcher(self.spec, self.grid, args)
             return
         pointers = self.pointers
         if pointers is None:
             pointers = self.pointers = tuple(
                 i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        misaligned = 0
+        values = list(args)
+        misaligned = 0  # bit b: the b-th tensor argument is not 16-byte aligned
         bit = 1
         for i in pointers:
-            if args[i].data_ptr() & 15:
+            address = values[i] = args[i].data_ptr()
+            if address & 15:
                 misaligned |= bit
             bit <<= 1
-        kernel = self.kernels.get(misaligned)
+        launch = self.kernels.get(misaligned)
         device = _current_device()
         if device != self.device:
             with torch.cuda.device(self.device):
                 return self(*args)
-        if kernel is None or Launcher.verify or not _hooks_idle():
-            launcher(self.spec, self.grid, args)
-            found = launcher.bound.get((self.spec, device, misaligned))
+        # Launch hooks (a profiler's) make Triton's own path run, which calls them. Read
+        # inline: a function call here is a fair part of what is left of a launch's host time.
+        try:
+            hooked = _RUNTIME_KNOBS.launch_enter_hook.calls or \
+                _RUNTIME_KNOBS.launch_exit_hook.calls
+        except AttributeError:  # None, or a plain function set in a HookChain's place
+            hooked = not _hooks_idle()
+        if launch is None or hooked:
+            self.launcher(self.spec, self.grid, args)
+            found = self.launcher.bound.get((self.spec, device, misaligned))
             if found is not None:
-                self.kernels[misaligned] = found
+                self.kernels[misaligned] = found[1]
             return
-        compiled, tail = kernel
-        compiled.run(self.g0, self.g1, self.g2, _current_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
+        launch(self.g0, self.g1, self.g2, _stream_of(device), values)
 
 
-_stream_of = None  # the driver's current-stream function, looked up on first use
+def _launch_of(compiled, tail: tuple) -> Callable:
+    """launch(g0, g1, g2, stream, args): `compiled` launched with the runtime arguments `args`
+    (tensors or their addresses) and its constexprs `tail`.
+
+    Where this Triton's CUDA launcher is one we know (triton 3.6 to 3.9) and the kernel needs no
+    scratch memory, straight into its C function: the launcher's Python wrapper works out, on
+    every call, scratch allocations our kernels never have (about two microseconds on a slow
+    host). Elsewhere through the wrapper, as Triton's own launches go."""
+    run = compiled.run
+    direct = _c_launch(compiled, tail)
+    if direct is not None:
+        return direct
+    function, metadata = compiled.function, compiled.packed_metadata
+
+    def launch(g0, g1, g2, stream, args):
+        run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)
+
+    return launch
+
+
+def _launcher_abi() -> int:
+    """How Triton's CudaLauncher hands a launch to its C function: 1 as triton 3.6 does (a
+    module compiled per kernel, the kernel's arguments spread), 2 as 3.7 to 3.9 do (one generic
+    function: the arguments' annotations, the signature and the arguments as a tuple), 0 for a
+    Triton whose launcher we do not know (its Python wrapper is used)."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+        version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+        wrapper = CudaLauncher.__call__.__code__
+    except Exception:  # no NVIDIA backend, an odd version string: the wrapper it is
+        return 0
+    if version == (3, 6) and wrapper.co_argcount == 6:
+        return 1
+    if (3, 7) <= version <= (3, 9) and wrapper.co_argcount == 10:
+        return 2
+    return 0
+
+
+_LAUNCHER_ABI: int | None = None
+
+
+def _c_launch(compiled, tail: tuple) -> Callable | None:
+    global _LAUNCHER_ABI
+    if _LAUNCHER_ABI is None:
+        _LAUNCHER_ABI = _launcher_abi()
+    run = compiled.run
+    if (_LAUNCHER_ABI == 0 or type(run).__name__ != "CudaLauncher"
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or getattr(run, "gsan_enabled", False)):
+        return None
+    c_launch, function, metadata = run.launch, compiled.function, compiled.packed_metadata
+    cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+    if _LAUNCHER_ABI == 1:
+        def launch(g0, g1, g2, stream, args):
+            c_launch(g0, g1, g2, stream, function, cooperative, pdl, None, None, metadata, None,
+                     None, None, *args, *tail)
+        return launch
+    annotations, signature = run.arg_annotations, run.kernel_signature
+
+    def launch(g0, g1, g2, stream, args):
+        c_launch(g0, g1, g2, stream, function, cooperative, pdl, metadata, None, None, None,
+                 None, None, annotations, signature, (*args, *tail))
+
+    return launch
 
 
 def _current_stream(device: int) -> int:
+    return _stream_of(device)
+
+
+def _stream_of(device: int) -> int:
+    """The current stream's handle, through the driver's function (looked up on first use:
+    the driver is chosen lazily), which then takes this name's place."""
     global _stream_of
-    if _stream_of is None:
-        _stream_of = triton.runtime.driver.active.get_current_stream
+    _stream_of = triton.runtime.driver.active.get_current_stream
     return _stream_of(device)
 
 

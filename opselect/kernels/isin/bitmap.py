@@ -11,7 +11,7 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program,
                      _hash_insert, _hash_probe_blocks, _key_bits, table_plan)
@@ -216,17 +216,20 @@ class BitmapBackend(PlannedBackend):
         build = _BITMAP_BUILD.bind(p, (cdiv(n, p.build_block),), index)
         probe = _BITMAP_PROBE.bind(p, (cdiv(m, p.probe_block * p.blocks_per_program),), index)
 
+        new_bits = allocator((words,), torch.int32, device)
+        new_table = allocator((table_len,), key_dtype, device)
+        new_params = allocator((2,), torch.int64, device)
+        new_parts = allocator((2 * partials,), torch.int64, device)
+
         def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
             # Both structures are allocated (O(N) each, from the caching allocator); the setup
             # kernel initialises only the one the data calls for.
-            bits = torch.empty(words, dtype=torch.int32, device=device)
-            table = torch.empty(table_len, dtype=key_dtype, device=device)
+            bits, table, params = new_bits(), new_table(), new_params()
             flag = table[table_len - 1:]
-            params = torch.empty(2, dtype=torch.int64, device=device)
             if minmax is None:
                 parts = params  # (a full range has no partials: the setup kernel reads none)
             else:
-                parts = torch.empty(2 * partials, dtype=torch.int64, device=device)
+                parts = new_parts()
                 minmax(t, parts, n)
             setup(parts, partials, params, bits, table, cap, table_slots, lowest)
             build(t, params, bits, table, flag, n, cap, log_t)

@@ -13,7 +13,7 @@ from ...dispatch.device import device_info
 from ...dispatch.op import Call
 from ...dispatch.signature import bucket
 from ...errors import InvalidArgument, TorchOnlyCall, UnsupportedDType
-from .._common import FLOAT_DTYPES, flat
+from .._common import FLOAT_DTYPES, allocator, flat
 
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -234,7 +234,7 @@ def _prepared_call(call: IsinCall, read_test, launches) -> Callable[..., torch.T
     contiguous `out` (_output), and runs launches(x, t, out): the backend's work, with all
     that depends on the key alone worked out when the backend made `launches`."""
     read_elements = _reader(call.elements)
-    shape, device = tuple(call.elements.shape), call.elements.device  # (a tuple: faster to parse)
+    new_out = allocator(call.elements.shape, torch.bool, call.elements.device)
 
     def isin(elements: torch.Tensor, test: torch.Tensor,
              out: torch.Tensor | None = None) -> torch.Tensor:
@@ -243,7 +243,7 @@ def _prepared_call(call: IsinCall, read_test, launches) -> Callable[..., torch.T
         if read_test is not None:
             test = read_test(test)
         if out is None:
-            out = torch.empty(shape, dtype=torch.bool, device=device)
+            out = new_out()
         launches(elements, test, out)
         return out
 

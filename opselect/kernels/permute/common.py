@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.backend import Backend
-from .._common import BoundLaunch
+from .._common import BoundLaunch, allocator
 from .call import PermuteCall, _direct_out, _finish, _trivial
 
 
@@ -178,9 +178,11 @@ def _prepared_copy(call: PermuteCall, launch: BoundLaunch, ints: tuple
     out_strides = given.stride() if given is not None else _contiguous_strides(shape)
     dst_of = _unit_view(shape, out_strides, dtype, unit)
 
+    new_out = allocator(shape, dtype, device)
+
     def permuted(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:
-            out = torch.empty(shape, dtype=dtype, device=device)
+            out = new_out()
         launch(x if src_of is None else src_of(x), out if dst_of is None else dst_of(out),
                *ints)
         return out

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.device import INTERPRETED
-from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall
 
 
@@ -278,8 +278,9 @@ def _read_dtype(call: SoftmaxCall) -> torch.dtype:
 
 
 def _new(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """Every tensor the kernels write (tests replace it with one that poisons the memory)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    """A tensor the kernels write, outside a prepared call (which makes its allocator once);
+    both start as _common.POISON where tests set it."""
+    return allocator(shape, dtype, device)()
 
 
 def _empty_out(call: SoftmaxCall) -> torch.Tensor:
@@ -310,11 +311,12 @@ def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int):
 def _one_launch(read, launch, ints: tuple, shape: tuple, out_dtype: torch.dtype, device):
     """The prepared forward of a one-kernel path: x -> y, the kernel reading read(x) (or x)
     and writing a new y."""
+    new = allocator(shape, out_dtype, device)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:
             x = read(x)
-        y = _new(shape, out_dtype, device)
+        y = new()
         launch(x, y, *ints)
         return y
 

@@ -12,10 +12,10 @@ import triton.language as tl
 
 from ...dispatch.backend import Backend, Estimate
 from ...heuristics import softmax as cost
-from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
 from .autograd import _run
 from .call import SoftmaxCall
-from .common import (_acc, _align, _cast_for, _finish, _merge, _new, _one_launch, _online_step,
+from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
                      _read_dtype, _reader, _row_and_part, _rows_reason)
 
 
@@ -256,14 +256,16 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int):
     plan = coop_plan(_read_dtype(call), out_dtype, ints, a, log, f64, chunk, spin, fallback, i64,
                      warps)
     launch = _COOP_FWD.bind(plan, (rows * split,), call.info.index)
+    new_y = allocator(shape, out_dtype, device)
+    new_partials = allocator((2 * rows * split,), acc, device)  # maxima, then sums
+    sync_size = 1 + rows  # a ticket, then arrivals a row: zeroed per call
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:
             x = read(x)
-        y = _new(shape, out_dtype, device)
-        partials = torch.empty(2 * rows * split, dtype=acc, device=device)  # maxima, then sums
-        sync = torch.zeros(1 + rows, dtype=torch.int32, device=device)  # ticket, arrivals a row
-        launch(x, y, partials, sync, *ints)
+        y = new_y()
+        sync = torch.zeros(sync_size, dtype=torch.int32, device=device)
+        launch(x, y, new_partials(), sync, *ints)
         return y
 
     return forward
@@ -296,12 +298,14 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int):
     launch_norm = _SPLIT_NORM.bind(chunk_plan(in_dtype, out_dtype, norm, a, log, f64, block, i64,
                                               warps), (rows * split,), index)
 
+    new_y = allocator(shape, out_dtype, device)
+    new_stat = allocator((rows * split,), acc, device)
+
     def split_forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:
             x = read(x)
-        y = _new(shape, out_dtype, device)
-        m = torch.empty(rows * split, dtype=acc, device=device)
-        s = torch.empty(rows * split, dtype=acc, device=device)
+        y = new_y()
+        m, s = new_stat(), new_stat()
         launch_stats(x, m, s, *stats)
         launch_norm(x, y, m, s, *norm)
         return y

@@ -12,7 +12,7 @@ from ...dispatch.device import device_info
 from ...dispatch.op import Call
 from ...dispatch.signature import bucket
 from ...errors import ArgumentTypeError, DimError, InvalidArgument, TorchOnlyCall
-from .._common import prepared
+from .._common import allocator, prepared
 
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -169,9 +169,11 @@ def _output_maker(call: TopkCall):
     shape = call.lead + (call.k,)
     dtype, device = call.input.dtype, call.input.device
 
+    new_values = allocator(shape, dtype, device)
+    new_indices = allocator(shape, torch.int64, device)
+
     def new() -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.empty(shape, dtype=dtype, device=device),
-                torch.empty(shape, dtype=torch.int64, device=device))
+        return new_values(), new_indices()
 
     return new
 

@@ -14,7 +14,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...heuristics import topk as cost
 from ...switches import enabled
-from .._common import Launcher, cdiv, next_pow2
+from .._common import Launcher, allocator, cdiv, next_pow2
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend, _cut, _key64,
                      _key_limits, _order_key, _row_buffers, _select, _typed, _write_out)
@@ -553,6 +553,7 @@ class MaximaBackend(_PlannedBackend):
         launch_pass = _MAXIMA_PASS.bind(spec, (R, p.programs_per_row), index)
         launch_select = _MAXIMA_SELECT.bind(spec, (R, p.select_programs_per_row), index)
         offsets, size = p.workspace_offsets, p.workspace_elements
+        new_ws = allocator((size,), torch.int64, device)
         pass_args = (offsets[0], offsets[1], N, row_stride, p.group_row_stride,
                      p.supergroup_row_stride, p.chunk, flip)
         select_ints = (N, row_stride, k, p.k_hi, p.group_row_stride, p.supergroup_row_stride,
@@ -563,7 +564,7 @@ class MaximaBackend(_PlannedBackend):
             if read is not None:
                 x = read(x)
             values, indices = new_outputs()
-            ws = torch.empty(size, dtype=torch.int64, device=device)
+            ws = new_ws()
             launch_pass(x, ws, *pass_args)
             launch_select(x, ws, *offsets, values, indices, *select_ints)
             return finish(values, indices)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...heuristics import topk as cost
-from .._common import Launcher, cdiv, next_pow2
+from .._common import Launcher, allocator, cdiv, next_pow2
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend,
                      _key64, _key_limits, _kth, _order_key, _row_buffers, _select, _src_tile,
@@ -586,6 +586,7 @@ class RadixBackend(_PlannedBackend):
         spec = (p, row_stride, flip)
         o = p.workspace_offsets
         size = p.workspace_elements
+        new_ws = allocator((size,), torch.int64, device)
         if p.mode == "direct":
             launch = _RADIX_DIRECT.bind(spec, (R,), index)
 
@@ -607,7 +608,7 @@ class RadixBackend(_PlannedBackend):
                 if read is not None:
                     x = read(x)
                 values, indices = new_outputs()
-                ws = torch.empty(size, dtype=torch.int64, device=device)
+                ws = new_ws()
                 launch(x, ws, *buffers, values, indices, *ints)
                 return finish(values, indices)
 
@@ -628,7 +629,7 @@ class RadixBackend(_PlannedBackend):
                 if zero_all:
                     ws = torch.zeros(size, dtype=torch.int64, device=device)
                 else:
-                    ws = torch.empty(size, dtype=torch.int64, device=device)
+                    ws = new_ws()
                     ws[:counters].zero_()
                 launch_filter(x, ws, *offsets, values, indices, *ints)
                 return finish(values, indices)
@@ -641,7 +642,7 @@ class RadixBackend(_PlannedBackend):
             if read is not None:
                 x = read(x)
             values, indices = new_outputs()
-            ws = torch.empty(size, dtype=torch.int64, device=device)
+            ws = new_ws()
             launch_sample(x, ws, *sample_args)
             launch_filter(x, ws, *offsets, values, indices, *ints)
             return finish(values, indices)

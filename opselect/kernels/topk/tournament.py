@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ...heuristics import topk as cost
-from .._common import Launcher, cdiv, next_pow2
+from .._common import Launcher, allocator, cdiv, next_pow2
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _select, _take_k,
                      _write_out)
@@ -297,6 +297,7 @@ class TournamentBackend(_PlannedBackend):
         launch = _TOURNAMENT.bind((p, row_stride, flip), (call.R, p.programs_per_row),
                                   call.info.index)
         offsets, size = p.workspace_offsets, p.workspace_elements
+        new_ws = allocator((size,), torch.int64, device)
         # The per-row tickets of shared rows start at zero.
         tickets = offsets[0] if p.programs_per_row > 1 else 0
         ints = (call.N, row_stride, call.k, p.chunk, p.programs_per_row, flip)
@@ -305,7 +306,7 @@ class TournamentBackend(_PlannedBackend):
             if read is not None:
                 x = read(x)
             values, indices = new_outputs()
-            ws = torch.empty(size, dtype=torch.int64, device=device)
+            ws = new_ws()
             if tickets:
                 ws[:tickets].zero_()
             launch(x, ws, *offsets, values, indices, *ints)
