@@ -188,7 +188,7 @@ def softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] 
         route = _softmax.SOFTMAX_OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
             if route[0] is None:
-                return torch.softmax(input, dim, dtype=dtype)
+                return torch.softmax(input, dim, dtype)  # (positional: quicker to parse)
             return route[0](input)
     elif key is not None:
         prepared = _softmax.SOFTMAX_OP.forced_routes.get((backend, key), _UNSEEN)
@@ -214,7 +214,7 @@ def log_softmax(input: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dty
         route = _softmax.LOG_SOFTMAX_OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
             if route[0] is None:
-                return torch.log_softmax(input, dim, dtype=dtype)
+                return torch.log_softmax(input, dim, dtype)
             return route[0](input)
     elif key is not None:
         prepared = _softmax.LOG_SOFTMAX_OP.forced_routes.get((backend, key), _UNSEEN)

@@ -80,7 +80,15 @@ OPS = ("isin", "topk", "permute", "softmax", "log_softmax")
 
 #: What a handler returns for a call opselect does not take: the wrapper then calls torch.
 PASS = NotImplemented
+# torch's own ops, never the wrappers installed over torch.softmax & co: a handler whose call's
+# route is torch's op answers with these at once (positional arguments: quicker to parse), where
+# passing the call on to the original entry point would run F.softmax's Python and re-enter the
+# Tensor.softmax wrapper, with routing suspended around it.
+_VF = torch._C._VariableFunctions
+_TORCH_SOFTMAX, _TORCH_LOG_SOFTMAX, _TORCH_TOPK, _TORCH_ISIN = (
+    _VF.softmax, _VF.log_softmax, _VF.topk, _VF.isin)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
 _FLOATS = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _thread = _state._local
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -201,7 +209,9 @@ def _isin_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     key = _isin_key(elements, test, assume_unique, invert)
     route = _route(_isin.OP, key, backend)
     if route is not None:
-        return route if route is PASS else _prepared(route, elements, test)
+        if route is PASS:
+            return _TORCH_ISIN(elements, test, assume_unique=assume_unique, invert=invert)
+        return _prepared(route, elements, test)
     return _counted(_isin.OP, _isin.prepare, backend, key, elements, test,
                     assume_unique=assume_unique, invert=invert)
 
@@ -211,12 +221,23 @@ _TOPK_DTYPES = frozenset(_topk.SUPPORTED_DTYPES)
 
 
 def _topk_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
-    x = _arg(args, kwargs, 0, "input")
-    k = _arg(args, kwargs, 1, "k")
-    dim = _arg(args, kwargs, 2, "dim", -1)
-    largest = _arg(args, kwargs, 3, "largest", True)
-    sorted_ = _arg(args, kwargs, 4, "sorted", True)
-    if (len(args) > 5 or not _known(kwargs, _TOPK_KW) or not _takes(x)
+    n = len(args)
+    if n > 5 or (kwargs and not _known(kwargs, _TOPK_KW)):
+        return PASS
+    get = kwargs.get
+    x = args[0] if n else get("input")
+    k = args[1] if n > 1 else get("k")
+    dim = args[2] if n > 2 else get("dim", -1)
+    largest = args[3] if n > 3 else get("largest", True)
+    sorted_ = args[4] if n > 4 else get("sorted", True)
+    if type(x) is _TENSOR and x.layout is _STRIDED and not _compiling():
+        # An eager plain call decided before: its route, before the checks below (as softmax).
+        route = _route(_topk.OP, _topk_key(x, k, dim, largest, sorted_),
+                       router.backends.get("topk"))
+        if route is not None:
+            return _TORCH_TOPK(x, k, dim, largest, sorted_) if route is PASS else \
+                _prepared(route, x)
+    if (not _takes(x)
             or x.dtype not in _TOPK_DTYPES or x.layout != torch.strided
             or type(dim) is not int or type(largest) is not bool or type(sorted_) is not bool
             or not isinstance(k, (int, torch.SymInt)) or isinstance(k, bool)):
@@ -227,7 +248,8 @@ def _topk_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     key = _topk_key(x, k, dim, largest, sorted_)
     route = _route(_topk.OP, key, backend)
     if route is not None:
-        return route if route is PASS else _prepared(route, x)
+        return _TORCH_TOPK(x, k, dim, largest, sorted_) if route is PASS else \
+            _prepared(route, x)
     return _counted(_topk.OP, _prepare_topk, backend, key, key, x, k, dim, largest, sorted_)
 
 
@@ -240,13 +262,30 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
     name = "log_softmax" if log else "softmax"
     op = _softmax.LOG_SOFTMAX_OP if log else _softmax.SOFTMAX_OP
     compiled = _library.log_softmax if log else _library.softmax
+    torch_op = _TORCH_LOG_SOFTMAX if log else _TORCH_SOFTMAX
+
+    dtype_at, most = (3, 4) if functional else (2, 3)
 
     def handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
-        x = _arg(args, kwargs, 0, "input")
-        dim = _arg(args, kwargs, 1, "dim")
-        dtype = _arg(args, kwargs, 3 if functional else 2, "dtype")
-        if (len(args) > (4 if functional else 3) or not _known(kwargs, _SOFTMAX_KW)
-                or not _takes(x) or type(dim) is not int or x.layout != torch.strided
+        n = len(args)
+        if n > most or (kwargs and not _known(kwargs, _SOFTMAX_KW)):
+            return PASS
+        if kwargs:
+            x = args[0] if n else kwargs.get("input")
+            dim = args[1] if n > 1 else kwargs.get("dim")
+            dtype = args[dtype_at] if n > dtype_at else kwargs.get("dtype")
+        else:
+            x = args[0] if n else None
+            dim = args[1] if n > 1 else None
+            dtype = args[dtype_at] if n > dtype_at else None
+        if type(x) is _TENSOR and type(dim) is int and x.layout is _STRIDED and \
+                not _compiling():
+            # An eager plain call decided before: its route, before the checks below (the
+            # route's key holds what they read, and a route is made only past them).
+            route = _route(op, _softmax_key(log, x, dim, dtype), router.backends.get(name))
+            if route is not None:
+                return torch_op(x, dim, dtype) if route is PASS else _prepared(route, x)
+        if (not _takes(x) or type(dim) is not int or x.layout != torch.strided
                 or (dtype if dtype is not None else x.dtype) not in _FLOATS):
             return PASS  # an implicit or named dim, an integer input, a subclass: torch's
         backend = router.backends.get(name)
@@ -255,7 +294,7 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
         key = _softmax_key(log, x, dim, dtype)
         route = _route(op, key, backend)
         if route is not None:
-            return route if route is PASS else _prepared(route, x)
+            return torch_op(x, dim, dtype) if route is PASS else _prepared(route, x)
         return _counted(op, _prepare_softmax, backend, key, name, log, key, x, dim, dtype)
 
     return handler
@@ -273,7 +312,7 @@ def _dense_permuted(x: torch.Tensor) -> bool:
 
 
 def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
-    dims = list(range(x.dim()))
+    dims = _identity(x.dim())
     backend = router.backends.get("permute")
     if _tracing(x):
         return _library.permute(x, dims, None, backend)
@@ -308,9 +347,25 @@ def _contiguous_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any
     if (len(args) > 1 or kwargs) and _arg(args, kwargs, 1, "memory_format",
                                           torch.contiguous_format) is not torch.contiguous_format:
         return PASS
+    if type(x) is _TENSOR and not _compiling():
+        # A layout decided before: its route answers, without _plain_view's checks again (the
+        # key holds the whole layout, and a route is made only for a call that passed them,
+        # or for ops.permute's own copy of that layout, which is as right).
+        route = _route(_permute.OP, _permute_key(x, _identity(x.dim())),
+                       router.backends.get("permute"))
+        if route is not None:
+            return route if route is PASS else _prepared(route, x)
     if not _plain_view(x):
         return PASS
     return _copy_of_view(router, x)
+
+
+#: The identity permutation of each rank up to 16: the dims of the copy contiguous() makes.
+_IDENTITY = tuple(tuple(range(n)) for n in range(17))
+
+
+def _identity(rank: int) -> tuple:
+    return _IDENTITY[rank] if rank < 17 else tuple(range(rank))
 
 
 def _reshape_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
@@ -404,8 +459,10 @@ _ENTRY_POINTS: list[tuple[str, Any, str, Callable, bool]] = [
 ]
 
 
-def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) -> Callable:
-    """The wrapper installed in place of `original`."""
+def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool,
+           layout: bool = False) -> Callable:
+    """The wrapper installed in place of `original`; `layout`: an entry that copies a view
+    (Tensor.contiguous, reshape), which most calls reach with a contiguous tensor."""
 
     def routed(*args, **kwargs):
         router = getattr(_thread, "router", None)
@@ -428,6 +485,20 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool) 
             finally:
                 _state.resume(token)
         return original(*args, **kwargs)
+
+    if layout:
+        general = routed
+
+        def routed(*args, **kwargs):  # noqa: F811 (the layout entries' wrapper, around it)
+            # The common call of a model's .contiguous() or .reshape(): an eager, plain,
+            # contiguous tensor, which torch's entry answers (the tensor itself, or a view)
+            # whatever the routing. Four checks, before anything else.
+            if args:
+                x = args[0]
+                if (type(x) is _TENSOR and x.layout is _STRIDED and not _compiling()
+                        and x.is_contiguous()):
+                    return original(*args, **kwargs)
+            return general(*args, **kwargs)
 
     functools.update_wrapper(routed, original)  # name, doc; __wrapped__ is the original
     return routed
@@ -480,7 +551,8 @@ def _install() -> None:
     for op, owner, name, handler, calls_entries in _ENTRY_POINTS:
         own = name in vars(owner)
         original = getattr(owner, name)
-        wrapper = _entry(op, original, handler, calls_entries)
+        wrapper = _entry(op, original, handler, calls_entries,
+                         layout=handler in (_contiguous_handler, _reshape_handler))
         setattr(owner, name, wrapper)
         _installed.append((owner, name, original, wrapper, own))
 
