@@ -93,6 +93,32 @@ def test_a_helper_that_stops_reading_does_not_block_the_caller(monkeypatch):
         {0: "timeout: it took no request within 1 s"}
 
 
+def test_ctrl_c_right_after_the_watchdog_starts_leaves_no_timer_to_wait_for(monkeypatch):
+    """A KeyboardInterrupt landing as the write's watchdog has just started: the watchdog is
+    cancelled, and it is a daemon anyway, so the interpreter's exit never waits on it (a live
+    300 s timer once held `opselect warm` past its Ctrl-C)."""
+    import threading
+
+    op = get_op(isolation_ops.NAME)
+    call = op.prepare(torch.ones(3))
+    assert isolation.first_runs(op, [("doubles", {})], call) == {}  # the helper is up
+    started = []
+    real_start = threading.Timer.start
+
+    def start_then_interrupted(timer):
+        real_start(timer)
+        started.append(timer)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Timer, "start", start_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        isolation.first_runs(op, [("doubles", {})], op.prepare(torch.ones(4)))
+    monkeypatch.undo()
+    (watchdog,) = started
+    watchdog.join(5)
+    assert watchdog.daemon and not watchdog.is_alive()
+
+
 def test_isolation_off_runs_in_process(monkeypatch):
     """OPSELECT_TUNE_ISOLATE=0: nothing is sent to a helper process."""
     monkeypatch.setattr(isolation, "ENABLED", False)

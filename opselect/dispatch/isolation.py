@@ -262,11 +262,14 @@ class _Child:
                 blobs = []
             # A helper that stops reading (stuck in a driver call) must not block this process
             # forever on a full pipe: the watchdog ends it, and the write then fails.
+            # A daemon, started inside the try: a Ctrl-C between its start and the try once
+            # left a live timer that held the interpreter's exit for TIMEOUT_S.
             stuck = threading.Event()
             watchdog = threading.Timer(TIMEOUT_S, lambda: (stuck.set(), proc.kill()))
-            watchdog.start()
+            watchdog.daemon = True
             try:
                 try:
+                    watchdog.start()
                     _write_message(proc.stdin, request, blobs)
                 finally:
                     watchdog.cancel()
