@@ -304,10 +304,11 @@ def _dense_permuted(x: torch.Tensor) -> bool:
     """x's elements fill its storage span with no gap and no overlap, in some order of its
     dims: a permuted view of a contiguous tensor (what permute's kernels copy)."""
     expect = 1
-    for stride, size in sorted((st, n) for n, st in zip(x.shape, x.stride()) if n != 1):
-        if stride != expect:
-            return False
-        expect *= size
+    for stride, size in sorted(zip(x.stride(), x.shape)):  # (C-level: no generator)
+        if size != 1:
+            if stride != expect:
+                return False
+            expect *= size
     return True
 
 
