@@ -311,7 +311,13 @@ def _run_topk(x, k, dim, largest, sorted_):
         assert values.shape == want.values.shape and indices.shape == want.indices.shape, what
         assert values.dtype == x.dtype and indices.dtype == torch.int64, what
         if x.dim() == 0:
-            picked = x.reshape(1)[indices.reshape(-1)].reshape(indices.shape)
+            # torch.topk of a 0-d input with k = 0 answers the element with an undefined index
+            # (on CUDA an uninitialised one): only an index torch defines is followed.
+            if k == 0:
+                picked = values
+            else:
+                assert int(indices) == 0, f"{what}: index out of range"
+                picked = x.reshape(1)[indices.reshape(-1)].reshape(indices.shape)
         else:
             assert bool(((indices >= 0) & (indices < max(x.shape[d], 1))).all()), \
                 f"{what}: index out of range"

@@ -392,3 +392,37 @@ def test_prepared_permute_calls_serve_each_input(cpu_triton):
     assert len(permute_call._PREPARED) == 2
     keys = {k[-1] for k in permute_call._PREPARED}
     assert keys == {0, 4}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, backend, make, run", [
+    ("softmax", "fused", lambda d: torch.randn(64, 1024, device=d),
+     lambda x, b: ops.softmax(x, backend=b)),
+    ("softmax", "online", lambda d: torch.randn(2, 151936, device=d),
+     lambda x, b: ops.softmax(x, backend=b)),
+    ("topk", "radix", lambda d: torch.randn(16, 4096, device=d),
+     lambda x, b: ops.topk(x, 32, backend=b).values),
+    ("topk", "maxima", lambda d: torch.randn(16, 4096, device=d),
+     lambda x, b: ops.topk(x, 32, backend=b).values),
+    ("permute", "tiled", lambda d: torch.randn(256, 384, device=d),
+     lambda x, b: ops.permute(x, (1, 0), backend=b)),
+    ("isin", "compare", lambda d: torch.randint(0, 50, (4096,), device=d).float(),
+     lambda x, b: ops.isin(x, torch.arange(0, 50, 3, device=x.device).float(), backend=b)),
+])
+def test_a_prepared_call_runs_on_the_current_stream(cuda, name, backend, make, run):
+    """A route's prepared call (every launch of it) goes to the stream current at the call,
+    not the one of the call that made it: on a side stream, its input is written only after a
+    sleep there, so a kernel launched on any other stream reads the NaNs the input held."""
+    x = make(cuda)
+    expected = run(x, backend).clone()
+    run(x, backend)  # the route is made: this and later calls take the prepared call
+    torch.cuda.synchronize()
+    late = torch.full_like(x, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        late.copy_(x)
+        got = run(late, backend)
+    side.synchronize()
+    assert torch.equal(got, expected), (name, backend)
