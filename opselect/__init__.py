@@ -10,10 +10,12 @@ the fastest for every call from its shape, dtype and device.
     opselect.on_decision(print)          # see each new decision (also: logger "opselect")
     opselect.enable()                    # a program's own torch calls through opselect
     torch.compile(fn)                    # ops.* and routed calls stay in the graph (library.py)
+    opselect.distributed.sync()          # the same choices on every rank (imported on first use)
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from . import ops
@@ -43,6 +45,23 @@ def forget() -> None:
     for op in all_ops():
         op.forget()
     forget_models()
+
+
+#: public submodules that `import opselect` does not import (distributed needs torch.distributed,
+#: cli the command line's parser and the cache tools): opselect.<name> imports one on first access
+_LAZY_SUBMODULES = ("cli", "distributed")
+
+
+def __getattr__(name: str) -> Any:
+    """opselect.distributed and opselect.cli without an import of their own (PEP 562). Importing
+    the submodule sets it as this package's attribute, so this runs once per submodule."""
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
 __all__ = ["Decision", "__version__", "disable", "enable", "enabled", "explain", "forget",

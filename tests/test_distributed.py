@@ -65,3 +65,37 @@ def test_sharded_warm_imports_every_shard(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "opselect.cli", "warm", "--shards", "0",
                           str(spec)], env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--shards" in bad.stderr
+
+
+_LAZY_CHECK = """
+import sys
+import torch
+before = set(sys.modules)  # (a plain `import torch` may import torch.distributed itself)
+import opselect
+added = sorted(m for m in set(sys.modules) - before
+               if m == "torch.distributed" or m.startswith("torch.distributed."))
+assert not added, f"import opselect imported {added}"
+assert "opselect.distributed" not in sys.modules and "opselect.cli" not in sys.modules
+assert {"cli", "distributed"} <= set(dir(opselect))
+assert callable(opselect.distributed.assert_consistent) and callable(opselect.distributed.sync)
+assert callable(opselect.cli.main)
+assert sys.modules["opselect.distributed"] is opselect.distributed
+try:
+    opselect.no_such_submodule
+except AttributeError:
+    pass
+else:
+    raise AssertionError("opselect.no_such_submodule did not raise AttributeError")
+print("ok")
+"""
+
+
+def test_submodules_are_attributes_imported_on_first_access(tmp_path):
+    """`import opselect; opselect.distributed.assert_consistent(...)` works without an import of
+    opselect.distributed, and `import opselect` itself imports neither it nor torch.distributed
+    (beyond what `import torch` imports): a fresh interpreter, so no other test's import counts."""
+    env = dict(os.environ, OPSELECT_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", _LAZY_CHECK], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
