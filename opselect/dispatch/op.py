@@ -9,162 +9,30 @@ model, measuring) happens once per key and process.
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import BackendError, CacheWarning
-from . import isolation as _isolation
 from . import tuning_mode as _tuning
 from .backend import Backend
+# (Call, Choice, the margins and the registry are imported from here by the kernels and tests)
+from .choices import (MEASURED_TORCH_MARGIN, TORCH_MARGIN, Call, Choice,  # noqa: F401
+                      choose, fresh_decisions)
 from .decision import GRAPH, Candidate, Decision
 from .device import DeviceInfo
+from .measuring import Measuring, _times_the_run_alone  # noqa: F401
+from .registry import all_ops, get_op, register  # noqa: F401
 
 AUTO = ("auto", None)
-#: Another backend is chosen over torch only if it is at least this much faster (time ratio) by
-#: the cost model's estimates (their error is larger than that) ...
-TORCH_MARGIN = 0.93
-#: ... or by this much when every candidate was timed in turns with the others (stage 2 of
-#: measuring): a wider margin there would keep torch over a measured 5% gain, a tuned choice
-#: slower than the cold one it replaced.
-MEASURED_TORCH_MARGIN = 0.97
 #: Cold choices are kept per exact call; past this many the memo starts again.
 COLD_MEMO_MAX = 1 << 16
 #: Routes (Op.routes) kept per op; past this many they start again.
 ROUTES_MAX = 4096
 
 
-def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
-           margin: float = TORCH_MARGIN) -> Candidate:
-    """The fastest of the supported candidates by time_of, unless torch (the first, when it can
-    take the call) is within `margin` of it."""
-    best = min(able, key=time_of)
-    safe = able[0] if able[0].name == "torch" else None
-    if safe is not None and best is not safe and time_of(best) > margin * time_of(safe):
-        # Within the noise of a measurement (or the error of the model), stay with torch: never
-        # losing to it matters more than a few percent.
-        best = safe
-    return best
-
-
-class Call:
-    """A prepared call: arguments normalised as torch does, plus what selection needs.
-
-    `key` identifies the decision: (torch.device, dtypes..., shape buckets..., flags...). Its
-    first element names the device in this process only; the tune cache stores key[1:] under the
-    device's hardware identity instead.
-
-    `exact` identifies the call itself (the key with exact sizes, and whatever else the cost
-    model reads): the cost model's choices are memoised under it, so that they depend on the
-    call alone, not on which call of its bucket came first.
-    """
-
-    __slots__ = ("info", "key", "exact")
-
-    info: DeviceInfo
-    key: tuple
-    exact: tuple
-
-    def inputs(self) -> tuple:
-        """The tensors a prepared call (Backend.bind) takes: the public function's tensor
-        arguments, in order."""
-        raise NotImplementedError
-
-    @property
-    def empty(self) -> bool:
-        """Nothing to compute (an empty dim, k = 0): every backend answers as torch does without
-        launching a kernel, so there is nothing to choose, and no plan or cost to work out (their
-        arithmetic may divide by a size that is 0)."""
-        return False
-
-    def describe(self) -> str:
-        return repr(self.key[1:])
-
-
-class _Choices(dict):
-    """A memo of choices whose every change empties the op's routes, which are derived from it
-    (distributed.sync writes the memo directly; this catches that too). Reads stay dict's own.
-    With per_call, a choice for a call not seen before keeps the routes: the memo is keyed by
-    exact calls (Op._cold), so a new entry decides that call alone, which has no route yet (a
-    program of ever new shapes keeps the routes of the shapes it repeats)."""
-
-    __slots__ = ("_routes", "_per_call")
-
-    def __init__(self, routes: dict, per_call: bool = False) -> None:
-        super().__init__()
-        self._routes = routes
-        self._per_call = per_call
-
-    def __setitem__(self, key, value) -> None:
-        if not self._per_call or key in self:
-            self._routes.clear()
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key) -> None:
-        self._routes.clear()
-        super().__delitem__(key)
-
-    def pop(self, *args):
-        self._routes.clear()
-        return super().pop(*args)
-
-    def popitem(self):
-        self._routes.clear()
-        return super().popitem()
-
-    def clear(self) -> None:
-        self._routes.clear()
-        super().clear()
-
-    def update(self, *args, **kwargs) -> None:
-        self._routes.clear()
-        super().update(*args, **kwargs)
-
-    def setdefault(self, key, default=None):
-        self._routes.clear()
-        return super().setdefault(key, default)
-
-
-@dataclass(frozen=True)
-class Choice:
-    backend: Backend
-    config: dict[str, Any]
-    source: str
-    #: A choice the cost model made (fully or in part) is re-decided once in tuning mode.
-    provisional: bool = False
-    #: The choice while a CUDA graph captures the call (only device time counts there), where
-    #: it differs from this one; None: the same.
-    graph: "Choice | None" = None
-
-    @classmethod
-    def of(cls, op: "Op", decision: Decision) -> "Choice":
-        """The memo's entry for a decision of op."""
-        provisional = decision.source in ("model", "cache+model")
-        graph = None
-        if decision.graph_choice is not None:
-            graph = cls(op.backend(decision.graph_choice), dict(decision.graph_config or {}),
-                        decision.source, provisional)
-        return cls(op.backend(decision.choice), decision.config, decision.source,
-                   provisional=provisional, graph=graph)
-
-
-def fresh_decisions() -> tuple[dict, dict, dict]:
-    """An empty set of an Op's in-process decisions (its routes, settled memo, cold memo), tied
-    together as an Op's own are: a change to either memo empties the routes."""
-    routes: dict = {}
-    return routes, _Choices(routes), _Choices(routes, per_call=True)
-
-
-def _times_the_run_alone(fn: Callable[[], Any]) -> bool:
-    """Whether _timed_run's function times the backend's run and nothing else (an op's `timed`
-    hands it back unchanged when the call needs no backward)."""
-    return getattr(fn, "runs_alone", False)
-
-
-class Op:
+class Op(Measuring):
     """`prepare(*args, **kwargs) -> Call` applies torch's argument rules; `sample(shapes, dtype,
     options, device) -> (args, kwargs)` makes realistic inputs from a warm spec entry."""
 
@@ -437,120 +305,6 @@ class Op:
         return Decision(self.name, call.describe(), call.key, candidates, best.name, dict(config),
                         source)
 
-    def _measure(self, backends: list[Backend], call: Call) -> dict[str, tuple[float, dict]]:
-        """Time every configuration of these backends on this call (tuning_mode.measure_all);
-        return each backend's best (seconds, config)."""
-        device = _device_of(call)
-        runs = []
-        for backend in backends:
-            for cfg in backend.configs(call):
-                runs.append((backend, dict(cfg), self._timed_run(backend, cfg, call)))
-        # A candidate's first run on this machine happens in a separate process, so that one
-        # that crashes (a segfault is no exception) is ranked last instead of ending the
-        # user's process. torch's own op is not a candidate for that.
-        crashed = _isolation.first_runs(
-            self, [(b.name, cfg) for b, cfg, _ in runs if b.name != "torch"], call, all_ops())
-        if crashed:
-            others = [r for r in runs if r[0].name != "torch"]
-            for i, why in crashed.items():
-                b, cfg, _ = others[i]
-                _isolation.warn_failed(f"{self.name}/{b.name} {cfg}", why)
-            bad = {id(others[i]) for i in crashed}
-            runs = [r for r in runs if id(r) not in bad]
-        times = _tuning.measure_all(
-            [(f"{self.name}/{b.name} {cfg}", fn) for b, cfg, fn in runs], device)
-        best: dict[str, tuple[float, dict]] = {
-            b.name: (math.inf, dict(b.configs(call)[0])) for b in backends}
-        for (backend, cfg, _), t in zip(runs, times):
-            if t < best[backend.name][0]:
-                best[backend.name] = (t, cfg)
-        return best
-
-    def _timed_run(self, backend: Backend, cfg: dict, call: Call) -> Callable[[], Any]:
-        """What measuring times for one backend and config: its run, and under autograd the
-        backward too (self.timed)."""
-        def fn() -> Any:
-            return backend.run(call, cfg)
-
-        fn.runs_alone = True  # type: ignore[attr-defined]  (see _times_the_run_alone)
-        return fn if self.timed is None else self.timed(call, fn)
-
-    def _settle(self, able: list[Candidate], call: Call) -> dict[str, tuple[float, float]]:
-        """Stage 2 of measuring (tuning_mode.time_interleaved): (host, device) seconds per call
-        of each candidate's configuration in turns with the others; inf for one that failed
-        before. The cold model's choice is timed with its first configuration too, and a
-        candidate keeps whichever of its configurations won the steady-state eager time (its
-        `config` is set to it).
-
-        Each candidate is timed through the public function with the op's decisions pinned to
-        it (_pinned_public), where the op can replay its call: a choice of torch's op is then
-        answered by the torch route, a Triton backend by the memo, the prepared call and the
-        launch, as the program will pay them. Timing the backends' run() alone left out that
-        difference (H200, bench_random medians: 2-3 us on topk and softmax calls, 9 on
-        permute's), so on calls of 20 us a Triton backend that won by 3% then lost by 15%."""
-        items, entries = [], []
-        public = self._public_replay(call)
-        cold = choose(able, lambda c: c.predicted_s)  # the choice tuning must not make worse
-        saved = self.decisions
-        try:
-            for c in able:
-                if c.measured_s is not None and math.isinf(c.measured_s):
-                    continue  # failed in stage 1 (or when it was recorded): never chosen
-                backend = self._by_name[c.name]
-                configs = [dict(c.config or {})]
-                if c is cold:
-                    # The cold choice runs the backend's first configuration; stage 1's winner
-                    # by device time replaces it only if it also wins here (H200: a strided
-                    # softmax's tuned config ran 5% slower back to back than its first one).
-                    first = dict(backend.configs(call)[0])
-                    if first not in configs:
-                        configs.append(first)
-                for cfg in configs:
-                    fn = self._timed_run(backend, cfg, call)
-                    if public is not None and _times_the_run_alone(fn):
-                        fn = self._pinned_public(backend, cfg, call, *public)
-                    items.append((f"{self.name}/{c.name} {cfg}", fn))
-                    entries.append((c, cfg))
-            times = _tuning.time_interleaved(items, _device_of(call))
-        finally:
-            self.decisions = saved
-        best: dict[str, tuple[float, float]] = {c.name: (math.inf, math.inf) for c in able}
-        for (c, cfg), t in zip(entries, times):
-            if _tuning.steady(t) < _tuning.steady(best[c.name]):
-                best[c.name] = t
-                c.config = cfg
-        return best
-
-    def _public_replay(self, call: Call) -> tuple[Callable[..., Any], tuple, dict] | None:
-        """(public function, args, kwargs) that answer this call as the program does; None
-        where the op cannot rebuild it (no public function or replay, or a replay whose key
-        differs: a pinned choice would miss, and the public call decide afresh)."""
-        if self.public is None or self.replay is None:
-            return None
-        try:
-            args, kwargs = self.replay(call)
-            same = self.prepare(*args, **kwargs).key == call.key
-        except Exception:  # noqa: BLE001 - a call replay cannot rebuild is timed as before
-            return None
-        return (self.public, args, kwargs) if same else None
-
-    def _pinned_public(self, backend: Backend, cfg: dict, call: Call,
-                       public: Callable[..., Any], args: tuple,
-                       kwargs: dict) -> Callable[[], Any]:
-        """The public function on this call with the op's decisions pinned to backend/cfg (a
-        settled choice in a fresh set of decisions, put in place before each call). Only for a
-        run timed alone: an op under autograd times its backward too, which the public
-        function does not run. _settle restores the op's own decisions afterwards."""
-        decisions = fresh_decisions()
-        decisions[1][call.key] = Choice(backend, dict(cfg), "tuning")
-
-        def run_as_the_program_would() -> Any:
-            self.decisions = decisions
-            return public(*args, **kwargs)
-
-        run_as_the_program_would.decisions = decisions  # type: ignore[attr-defined]
-        return run_as_the_program_would
-
     # -- explain --------------------------------------------------------------------------------
     def explain(self, *args: Any, backend: str | None = None, **kwargs: Any) -> Decision:
         call = self.prepare(*args, **kwargs)
@@ -604,14 +358,6 @@ class Op:
         self.forced_routes.clear()
 
 
-def _device_of(call: Call) -> Any:
-    info = call.info
-    return torch.device(info.type, info.index) if info.index is not None else torch.device(info.type)
-
-
-# Every op is registered by the time anyone can ask: importing any module of opselect first runs
-# the package's __init__, which imports ops.py and so every kernels/<op> package (dispatch never
-# imports the ops: they sit above it).
 _foreign_configs_told: set[tuple[str, str]] = set()
 
 
@@ -623,25 +369,6 @@ def _warn_foreign_config(op: str, backend: str, config: dict[str, Any]) -> None:
     warnings.warn(f"opselect: ignoring a tune record's config of {op}/{backend} that the backend "
                   f"does not offer for the call ({text[:200]}{'...' if len(text) > 200 else ''});"
                   f" it is measured again when tuning", CacheWarning, stacklevel=4)
-
-
-_registry: dict[str, Op] = {}
-
-
-def register(op: Op) -> Op:
-    _registry[op.name] = op
-    return op
-
-
-def get_op(name: str) -> Op:
-    try:
-        return _registry[name]
-    except KeyError:
-        raise BackendError(f"unknown op {name!r}; known ops: {', '.join(sorted(_registry))}") from None
-
-
-def all_ops() -> Iterable[Op]:
-    return list(_registry.values())
 
 
 

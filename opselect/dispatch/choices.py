@@ -1,0 +1,140 @@
+"""The in-process side of a decision: a prepared call (Call), the choice made for it (Choice),
+the memos that keep choices (their every change drops the routes derived from them), and the
+rule that picks the fastest candidate without losing to torch (choose)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .backend import Backend
+from .decision import Candidate, Decision
+from .device import DeviceInfo
+
+#: Another backend is chosen over torch only if it is at least this much faster (time ratio) by
+#: the cost model's estimates (their error is larger than that) ...
+TORCH_MARGIN = 0.93
+#: ... or by this much when every candidate was timed in turns with the others (stage 2 of
+#: measuring): a wider margin there would keep torch over a measured 5% gain, a tuned choice
+#: slower than the cold one it replaced.
+MEASURED_TORCH_MARGIN = 0.97
+
+def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
+           margin: float = TORCH_MARGIN) -> Candidate:
+    """The fastest of the supported candidates by time_of, unless torch (the first, when it can
+    take the call) is within `margin` of it."""
+    best = min(able, key=time_of)
+    safe = able[0] if able[0].name == "torch" else None
+    if safe is not None and best is not safe and time_of(best) > margin * time_of(safe):
+        # Within the noise of a measurement (or the error of the model), stay with torch: never
+        # losing to it matters more than a few percent.
+        best = safe
+    return best
+
+
+class Call:
+    """A prepared call: arguments normalised as torch does, plus what selection needs.
+
+    `key` identifies the decision: (torch.device, dtypes..., shape buckets..., flags...). Its
+    first element names the device in this process only; the tune cache stores key[1:] under the
+    device's hardware identity instead.
+
+    `exact` identifies the call itself (the key with exact sizes, and whatever else the cost
+    model reads): the cost model's choices are memoised under it, so that they depend on the
+    call alone, not on which call of its bucket came first.
+    """
+
+    __slots__ = ("info", "key", "exact")
+
+    info: DeviceInfo
+    key: tuple
+    exact: tuple
+
+    def inputs(self) -> tuple:
+        """The tensors a prepared call (Backend.bind) takes: the public function's tensor
+        arguments, in order."""
+        raise NotImplementedError
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute (an empty dim, k = 0): every backend answers as torch does without
+        launching a kernel, so there is nothing to choose, and no plan or cost to work out (their
+        arithmetic may divide by a size that is 0)."""
+        return False
+
+    def describe(self) -> str:
+        return repr(self.key[1:])
+
+
+class _Choices(dict):
+    """A memo of choices whose every change empties the op's routes, which are derived from it
+    (distributed.sync writes the memo directly; this catches that too). Reads stay dict's own.
+    With per_call, a choice for a call not seen before keeps the routes: the memo is keyed by
+    exact calls (Op._cold), so a new entry decides that call alone, which has no route yet (a
+    program of ever new shapes keeps the routes of the shapes it repeats)."""
+
+    __slots__ = ("_routes", "_per_call")
+
+    def __init__(self, routes: dict, per_call: bool = False) -> None:
+        super().__init__()
+        self._routes = routes
+        self._per_call = per_call
+
+    def __setitem__(self, key, value) -> None:
+        if not self._per_call or key in self:
+            self._routes.clear()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self._routes.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        self._routes.clear()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._routes.clear()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._routes.clear()
+        super().clear()
+
+    def update(self, *args, **kwargs) -> None:
+        self._routes.clear()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        self._routes.clear()
+        return super().setdefault(key, default)
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: Backend
+    config: dict[str, Any]
+    source: str
+    #: A choice the cost model made (fully or in part) is re-decided once in tuning mode.
+    provisional: bool = False
+    #: The choice while a CUDA graph captures the call (only device time counts there), where
+    #: it differs from this one; None: the same.
+    graph: "Choice | None" = None
+
+    @classmethod
+    def of(cls, op: Any, decision: Decision) -> "Choice":
+        """The memo's entry for a decision of op (an Op)."""
+        provisional = decision.source in ("model", "cache+model")
+        graph = None
+        if decision.graph_choice is not None:
+            graph = cls(op.backend(decision.graph_choice), dict(decision.graph_config or {}),
+                        decision.source, provisional)
+        return cls(op.backend(decision.choice), decision.config, decision.source,
+                   provisional=provisional, graph=graph)
+
+
+def fresh_decisions() -> tuple[dict, dict, dict]:
+    """An empty set of an Op's in-process decisions (its routes, settled memo, cold memo), tied
+    together as an Op's own are: a change to either memo empties the routes."""
+    routes: dict = {}
+    return routes, _Choices(routes), _Choices(routes, per_call=True)
