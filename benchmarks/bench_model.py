@@ -398,9 +398,11 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
     ax.set_ylabel("time without / with opselect")
     ax.set_title(f"opselect.enable() on {result['device']}")
-    for mode, color in colors.items():
-        ax.bar([], [], color=color, label=mode)
-    ax.legend(fontsize=8)
+    # (legend patches of their own: empty bar containers carry no colour into a legend)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=color, label=mode) for mode, color in colors.items()],
+              fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
