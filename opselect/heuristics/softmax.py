@@ -25,8 +25,10 @@ Under autograd (call.grad) tuning times the forward and the backward (kernels/so
     (dx read and written once more).
 The autograd engine's own host time is the same whichever backend ran, and is left out.
 
-The constants below are first guesses from the kernels' structure; `opselect calibrate` fits one
-scale per backend on top, and the tune cache replaces the model wherever a call was measured.
+The constants below are first guesses from the kernels' structure, except those fitted to
+measured calls: each of these names its heading in benchmarks/results/h200/fits/softmax.md (as
+`fits/softmax.md, "HEADING"`), which keeps the measurements. `opselect calibrate` fits one scale
+per backend on top, and the tune cache replaces the model wherever a call was measured.
 """
 
 from __future__ import annotations
@@ -49,21 +51,16 @@ UNALIGNED_EFF = 0.85
 #: Fraction of the copy bandwidth a single-pass Triton kernel reaches.
 TRITON_EFF = 0.92
 #: Host seconds of a Triton backend's call beyond its launches and allocations (the checks and
-#: plan on the way, the operand and output handling), as measured rather than as counted: a
-#: fused call of 64x512 took 35.0 us where torch's took 10.6 (H200, benchmarks/results/h200/
-#: dispatch.json), and on tiny calls drawn at random fused and multirow took 26-57 us, median
-#: about 38, against torch's 10-14 (H100, benchmarks/results/h100/random_softmax.json); the
-#: counted launch and allocation make 14 us. Without it the cold model chose a Triton backend
-#: for every tiny call there, 2.5x-4.7x slower than torch.
+#: plan on the way, the operand and output handling). Taken from measured tiny calls, not from
+#: counting the Python: the counted launch and allocation fall well short of what those calls
+#: take, and without this term the cold model sends tiny calls to a Triton backend that torch
+#: runs several times faster (fits/softmax.md, "TRITON_GLUE_HOST").
 TRITON_GLUE_HOST = 22e-6
 #: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++),
-#: forward and backward together, as measured rather than as counted: on the H200 a Triton
-#: backend's forward + backward never took less than about 165 us (fused 4Kx1K fp32: 238 us with
-#: a 12 us forward; fused and online 4Kx4K bf16: 192 and 181 us; strided 164 and 180 us), where
-#: torch's took 61 and 111 us (benchmarks/results/h200/softmax_backward.md). Counting the Python
-#: on the way gives about 30 us; where the rest goes is not profiled yet. With the counted
-#: figure the model chose fused for those two calls, 3.9x and 1.7x slower than torch.
-# (The 22 us of TRITON_GLUE_HOST come on top, so the floor the model sees is about 185 us.)
+#: forward and backward together. Taken from the floor of measured forward + backward calls, not
+#: from counting the Python (which explains about a quarter of it; the rest is not profiled yet):
+#: with the counted figure the model sent calls to fused that torch ran 1.7x-3.9x faster
+#: (fits/softmax.md, "AUTOGRAD_HOST"). TRITON_GLUE_HOST comes on top.
 AUTOGRAD_HOST = 130e-6
 #: torch's softmax kernels: fraction of the copy bandwidth they reach on their best path.
 TORCH_WARP_EFF = 0.85  # rows <= 1024: a warp per row, persistent
@@ -72,14 +69,15 @@ TORCH_SPATIAL_READS = 2.0  # softmax over a non-last dim: three passes, about on
 #: torch's register path takes rows up to this many elements; its shared-memory path rows up to
 #: 48 KB (and a multiple of the 16-byte vector); longer rows read the input three times.
 TORCH_REG_MAX = 9216
-#: ... and on that block-per-row path a 16-bit row costs about as much as a 32-bit one.
+#: ... and on that block-per-row path a 16-bit row costs about as much as a 32-bit one: the
+#: bytes the model charges an element there (fits/softmax.md, "TORCH_BLOCK_ELEMENT_BYTES").
 TORCH_BLOCK_ELEMENT_BYTES = 4
 TORCH_SMEM_BYTES = 48 * 1024
 
 # -- The backward under autograd ----------------------------------------------------------------
 #: Host seconds of the Triton backward's Python: _SoftmaxFunction.backward's checks and
-#: backward()'s layout arithmetic (strides, plan, int64 check), its launches stubbed out: 7.3 us
-#: on this workplace's CPU host. Its launches and allocations are charged on top.
+#: backward()'s layout arithmetic (strides, plan, int64 check), timed with its launches stubbed
+#: out (fits/softmax.md, "BWD_PYTHON_HOST"). Its launches and allocations are charged on top.
 BWD_PYTHON_HOST = 7e-6
 #: autograd.backward holds rows up to this long in registers (BWD_SINGLE_MAX there: y and dy
 #: together, hence half the forward's limit); longer rows take two passes, or are split over
@@ -94,26 +92,25 @@ BWD_CHUNK = 4096
 BWD_SPLIT_CHUNK = 2048
 #: Elements a strided backward tile holds: half of common.TILE_MAX, as it holds y and dy.
 BWD_STRIDED_TILE = 8192
-#: The strided backward kernel moves a byte at about half the rate the forward's terms give,
-#: short-segment discount included (H200, both calls with 64-byte row segments: 64x512x512 fp32
-#: dim=1 took ~140 us of backward for 192 MB against a 39 us forward for 128 MB; 256x64x1K bf16
-#: dim=0 ~130 us against 34).
+#: The rate at which the strided backward kernel moves a byte, as a fraction of what the
+#: forward's terms give (short-segment discount included). An empirical factor: measured strided
+#: backwards moved their bytes at about half the forward's rate (fits/softmax.md,
+#: "STRIDED_BWD_EFF").
 STRIDED_BWD_EFF = 0.5
-#: One step of the serial walk down the dim that each thread of torch's spatial backward makes
-#: (softmax over a non-last dim; a dependent load with little to overlap it): fitted to forward +
-#: backward less forward on the H200 (benchmarks/results/h200: 256x64x1K dim=0 bf16, 426 - 246 us
-#: (the float16 forward) for 512 steps; 64x512x512 dim=1 fp32, 981 - 628 us for 1024 steps; both
-#: less their dy * y product at bandwidth).
+#: Seconds of one step of the serial walk down the dim that each thread of torch's spatial
+#: kernels makes (softmax over a non-last dim), on a tensor past TORCH_SPATIAL_SMALL_BYTES: a
+#: dependent load from L2 or DRAM with little to overlap it. Fitted to the backward time of
+#: measured calls (fits/softmax.md, "TORCH_SPATIAL_STEP_S").
 TORCH_SPATIAL_STEP_S = 0.3e-6
-#: ... and where the tensor fits in an SM's L1: softmax of 1x55x3 bf16 over dim 1 (165 steps in one
-#: thread) took torch 13 us in all, host time included (H100, random_softmax.json), so a step
-#: costs at most a few tens of ns there.
+#: ... and where the tensor fits in an SM's L1 (TORCH_SPATIAL_L1_BYTES): the loads hit L1, so a
+#: step costs at most a few tens of ns; an upper bound from a tiny measured call
+#: (fits/softmax.md, "TORCH_SPATIAL_CACHED_STEP_S").
 TORCH_SPATIAL_CACHED_STEP_S = 0.03e-6
 TORCH_SPATIAL_L1_BYTES = 64 * 1024
-#: ... and up to about 1 MB (as float32), whose lines stay near the SMs: seven random calls of
-#: 88-576 KB on the H200 (bench_random seeds 0-7: 101x323 and 391x70 over dim 0, 243x60x9 bf16
-#: over dim 1, ...) took 0.06-0.12 us a step, host time taken out; 0.3 made torch 2.5-3x too slow
-#: there and sent 243x60x9 to strided at 2.0x torch's time.
+#: ... and up to about 1 MB (as float32; TORCH_SPATIAL_SMALL_BYTES), whose lines stay near the
+#: SMs: within the 0.06-0.12 us a step measured on such calls. The large-tensor step there made
+#: torch several times too slow and sent calls to strided that torch ran faster
+#: (fits/softmax.md, "TORCH_SPATIAL_SMALL_STEP_S").
 TORCH_SPATIAL_SMALL_STEP_S = 0.1e-6
 TORCH_SPATIAL_SMALL_BYTES = 1 << 20
 #: Threads an SM holds at once (Ampere and Hopper): how many columns torch's spatial kernels walk
@@ -332,8 +329,9 @@ def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> floa
             dim_threads *= 2
         dim_threads //= 2
     waves = math.ceil(outer * inner * dim_threads / (SM_THREADS * model.sm_count))
-    # A step waits for a load; only a tensor small enough for an SM's L1 makes that cheap (one
-    # of 16 MB, in L2, still took 0.44 us a step: 16x4Kx64 fp32 over dim 1, 337 us on the H200).
+    # A step waits for a load; only a tensor small enough for an SM's L1 makes that cheap: one
+    # that is only in L2 still pays about the full step (fits/softmax.md,
+    # "TORCH_SPATIAL_CACHED_STEP_S").
     size = outer * n * inner * 4
     step = (TORCH_SPATIAL_CACHED_STEP_S if size <= TORCH_SPATIAL_L1_BYTES
             else TORCH_SPATIAL_SMALL_STEP_S if size <= TORCH_SPATIAL_SMALL_BYTES
@@ -363,10 +361,9 @@ def torch_(call, model, plan=None):
         if n <= 1024 and n * e_in <= 4096:
             reads, eff = 1.0, TORCH_WARP_EFF
         elif n <= TORCH_REG_MAX or (n * e_in < TORCH_SMEM_BYTES and (n * e_in) % 16 == 0):
-            # A block per row, its time set by the elements more than their bytes: 16- and 32-bit
-            # rows of 4K took the same 58 us for 4K rows on the H200 (16K: 131 against 176).
-            # Under autograd too: the backward is its own part now (4K x 4K bf16: forward +
-            # backward 110 us, forward 58, so about 52 us of backward, which its bytes explain).
+            # A block per row, its time set by the elements more than their bytes: a 16-bit row
+            # is charged as a 32-bit one (TORCH_BLOCK_ELEMENT_BYTES). Under autograd too: the
+            # backward is its own part (fits/softmax.md, "TORCH_BLOCK_ELEMENT_BYTES").
             slow_bytes = max(e_in, TORCH_BLOCK_ELEMENT_BYTES)
             reads, eff = 1.0, TORCH_BLOCK_EFF * e_in / slow_bytes
         else:
@@ -382,9 +379,8 @@ def torch_(call, model, plan=None):
     parts["memory"] = model.stream(numel * (reads * e_in + e_out)) / (eff * _busy(model, programs))
     if call.inner > 1:
         # The forward walks the dim three times (max, sum, write): with few columns and a long
-        # dim that latency, not the bytes, sets the time (H100, bench_random: log_softmax of
-        # 3x12013x1735 fp16 over dim 1 took torch 13.6 ms, 44x strided's 309 us; the bytes say
-        # about 0.1 ms).
+        # dim that latency, not the bytes, sets the time, and can be far longer than the bytes
+        # take (fits/softmax.md, "torch's spatial forward is latency-bound").
         parts["memory"] = max(parts["memory"], _spatial_walk(call.outer, n, call.inner, model,
                                                              passes=3))
     notes: tuple[str, ...] = ()

@@ -333,10 +333,10 @@ class OnlineBackend(Backend):
     @staticmethod
     def coop_configs(call: SoftmaxCall) -> list[dict]:
         """Cooperative rows (one read): chunks of 4K-16K values (the first whose row fits in one
-        program per SM is what the cold model runs). bench_random on the H200 (seeds 0-7, calls
-        over 60 us) tuned 4096 x 4 warps on 11 of 17 cooperative calls, 8192 on 6, 16384 on
-        none; 16384 first ran 1015 x 66117 float32 in 286 us against 196 and 565 x 118568
-        bfloat16 in 196 against 136."""
+        program per SM is what the cold model runs). Smallest chunks first: tuning chose 4096 x 4
+        warps on most cooperative calls and 16384 on none, and 16384 first made the cold choice
+        up to 1.5x slower (benchmarks/results/h200/fits/softmax.md, "online: cooperative chunk
+        order")."""
         wide = 2 if call.f64 else 1
         shapes = ((4096, 4), (8192, 8), (8192, 16), (16384, 16))  # (chunk, warps)
         return [{"COOP_CHUNK": c // wide, "num_warps": w} for c, w in shapes
