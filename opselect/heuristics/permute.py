@@ -11,6 +11,10 @@ those bytes are packed into DRAM transactions and in the index arithmetic per el
 
 The call's simplified problem (call.sizes, call.strides, call.esize, call.kind) is what is modelled,
 so a 5-d permute that merges into a 2-d transpose costs what the transpose costs.
+
+A constant or rule fitted to measured calls names its heading in
+benchmarks/results/h200/fits/permute.md (as `fits/permute.md, "HEADING"`), which keeps the
+measurements.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ OP = "permute"
 #: Efficiency of DRAM traffic made of contiguous segments of this many bytes (log-interpolated).
 _SEGMENT = ((16, 0.2), (32, 0.35), (64, 0.6), (128, 0.85), (256, 1.0))
 #: Integer instructions of one div/mod pair by a runtime divisor, 32 and 64 bits, as they cost
-#: next to the memory traffic they partly overlap: about 25 are issued, but naive's 112M pairs
-#: (1.45M 13x3 uint8 transposes) and all its bytes took 103 us on the H200.
+#: next to the memory traffic they partly overlap: fewer than the ~25 (75) issued, since a
+#: div/mod-heavy measured call took about half the time the issued count gives
+#: (fits/permute.md, "DIVMOD_OPS").
 DIVMOD_OPS = {False: 12.0, True: 36.0}
 #: Integer instructions per SM per second (64 lanes x ~1.6 GHz on Hopper).
 INT_OPS_PER_SM = 64 * 1.6e9
@@ -86,19 +91,17 @@ def _elements(call) -> float:
 
 
 #: Host seconds of a Triton backend's call beyond its launch and the output's allocation (the
-#: geometry, the plan, the Python on the way), as measured rather than as counted: on tiny calls
-#: drawn at random naive and tiled took 29-48 us, median about 39, against torch's permute +
-#: contiguous at 13-23 us (H100, benchmarks/results/h100/random_permute.json), where the counted
-#: launch and allocation make 23 us. Without it the cold model chose tiled or vectorized for
-#: host-bound calls 1.7x-1.8x slower than torch.
+#: geometry, the plan, the Python on the way). Taken from measured tiny calls, not from counting
+#: the Python: the counted launch and allocation fall short of what those calls take, and without
+#: this term the cold model sends host-bound calls to a Triton backend that torch runs faster
+#: (fits/permute.md, "TRITON_GLUE_HOST").
 TRITON_GLUE_HOST = 16e-6
 
 
 #: Device seconds a program (CTA) costs beyond its bytes, per SM: its launch, prologue and the
 #: latency of its first load, which the SM's other resident programs only partly hide. Matters
-#: when the grid has far more programs than the data needs: the narrow kernel on a batch of
-#: 1.45M 13x3 uint8 transposes (one 39-byte tile a program) took 950 us on the H200, 85 ns a
-#: program per SM, against 103 us for naive's 1024-element programs.
+#: when the grid has far more programs than the data needs (a tile of a few bytes a program);
+#: the value is what such a measured grid paid a program (fits/permute.md, "PROGRAM_SECONDS").
 PROGRAM_SECONDS = 85e-9
 
 
@@ -130,10 +133,9 @@ def torch_(call, model, plan=None):
         run = (call.sizes[-1] if call.sizes else 1) * call.esize
         eff = TORCH_KEEP.get(s, 0.5) * segment(run)
         if call.span * call.esize <= 0.5 * model.l2_bytes:
-            # Short runs of an input that fits in L2 come from DRAM about once: the H200 copied
-            # 5x70x4818x3 float16 [sliced] (runs of 6 bytes) in 19 us, where sector-bound reads
-            # predicted 146. (Not so a transpose: 14550x385 float16 took 40 us, at the
-            # efficiency of one element a sector.)
+            # Short runs of an input that fits in L2 come from DRAM about once, so the copy is
+            # not bound by the sectors its runs touch; a transpose is, whatever the size
+            # (fits/permute.md, "torch: short runs of an input that fits in L2").
             eff = max(eff, 0.5 * TORCH_KEEP.get(s, 0.5))
     else:
         # Strided reads; when the output's inner dims sit close together in the input they
@@ -158,8 +160,7 @@ def naive(call, model, plan=None):
     memory = model.stream(_traffic(call)) / eff
     index = _int_time(_elements(call) * (nd - 1), model, _wide(call))
     # The index arithmetic runs while other warps wait on memory: a call costs the longer of
-    # the two (H200: 1.45M 13x3 uint8 transposes, 100 us of index against 34 of memory, took
-    # 103 us; 81x421x8x3x85 float32, 247 against 160, took 225; their sums were 1.3-1.8x).
+    # the two, not their sum (fits/permute.md, "naive: index arithmetic overlaps memory").
     return model.estimate(OP, "naive", triton=True, launch=_host(model, True),
                           memory=memory, index=max(0.0, index - memory))
 
@@ -175,8 +176,8 @@ def vectorized(call, model, plan=None):
     # Reads come in runs of `run` bytes; writes are one contiguous stream.
     memory = 0.5 * model.stream(_traffic(call)) * (1 / segment(run) + 1) / PEAK["vectorized"]
     # A tile spans a power of two of units along the run: runs of 85 float32 leave a third of
-    # its lanes masked, bytes the tile does not keep in flight (the H200 took 298 us for
-    # 81x421x8x3x85 float32 [sliced], naive 225).
+    # its lanes masked, bytes the tile does not keep in flight (fits/permute.md, "vectorized:
+    # masked lanes of a tile").
     unit = min(e, 8)
     units = max(1, run // unit)
     block = min(_next_pow2(units), 16384 // unit)

@@ -334,10 +334,10 @@ def _plan(call: PermuteCall) -> TilePlan:
 
 #: Tile edges (elements along A, along B) by element bytes: 64-byte rows along A and 128-byte
 #: rows along B at the least, 8 to 16 KB a tile (the layout change goes through as much shared
-#: memory). Bytes take 64 x 128, not 128 x 128: on the H200 the 128 x 128 byte tile of 4 warps
-#: (128 bytes a thread) ran 1.07-1.6x slower on 2-d transposes and 3.8-28x slower where a group
-#: spans several dims (12x70x22x116x6 uint8: 1.07 ms against 38 us); 64 x 128 was within 5% of
-#: the best config on all 10 byte calls of a random sweep (benchmarks/NOTES.md).
+#: memory). Bytes take 64 x 128, not 128 x 128: the 128 x 128 byte tile of 4 warps puts 128
+#: bytes on a thread and ran slower on every byte call of a sweep of all configs, many times
+#: slower where a group spans several dims, while 64 x 128 stayed within 5% of the best
+#: (benchmarks/results/h200/fits/permute.md, "tiled: TILE_EDGES").
 TILE_EDGES = {1: (64, 128), 2: (64, 128), 4: (64, 64), 8: (32, 64), 16: (32, 32), 32: (16, 32)}
 
 
@@ -389,17 +389,15 @@ class TiledBackend(_TritonBackend):
                    {"BA": ba, "BB": 2 * bb, "num_warps": 8, "TPP": 1},
                    {"BA": max(8, ba // 2), "BB": bb, "num_warps": 4, "TPP": 4 if big else 1},
                    {"BA": 2 * ba, "BB": bb, "num_warps": 8, "TPP": 1}]
-        # The cold model runs the first config. A random sweep of every config on 83 calls of
-        # 2 MB to 1 GB (H200) ordered them:
+        # The cold model runs the first config: the one nearest the best in a sweep of every
+        # config (benchmarks/results/h200/fits/permute.md, "tiled: the first config").
         if big and elem >= 2:
-            # 64 MB and more of 2-byte and wider elements: the wider tile of 8 warps (16-bit:
-            # 1.08x the best config in geometric mean against 1.20x; 4- and 8-byte: 1.00x
-            # against 1.11x; earlier tuning runs chose it for 13 of 16 such calls).
+            # 64 MB and more of 2-byte and wider elements: the wider tile of 8 warps, nearest
+            # the best on such calls (and the one earlier tuning runs mostly chose).
             general[0], general[1] = general[1], general[0]
         elif elem == 8:
-            # Smaller 8-byte units: half as many rows along A (1.02x against 1.28x, better on all
-            # 5 calls; 1805x518x4 float16 by (1, 0, 2), whose 4 kept float16 move as one unit:
-            # 9 us against 24).
+            # Smaller 8-byte units: half as many rows along A, faster than the default tile on
+            # every such call of the sweep.
             general[0], general[2] = general[2], general[0]
         plan = _plan(call) if call.tile is not None else None
         if plan is not None and plan.narrow:
@@ -408,12 +406,10 @@ class TiledBackend(_TritonBackend):
             if plan.narrow == "out" and any(stride % 16 for _, stride in plan.b_dims):
                 # The narrow kernel loads its rows at the input strides of the narrow group;
                 # unless each is a multiple of 16 elements (the only divisibility Triton is told
-                # of) those loads are not vectorised. H200 sweep of narrow transposes of 8-128 MB
-                # (benchmarks/NOTES.md): 6 of the 7 such calls ran the narrow tile 1.17-2.96x
-                # slower than the general one (3 x 44739242 uint8: 377 us against 127), the 7th
-                # 1.04x; one random call went the other way (4 x 2426100 bfloat16: narrow 0.88x).
-                # With aligned rows, or the narrow group on the input side, the narrow tile was
-                # within 5% of the best, and up to 2.8x faster than the general one on uint8.
+                # of) those loads are not vectorised, and the narrow tile mostly ran slower than
+                # the general one; with aligned rows, or the narrow group on the input side, it
+                # was within 5% of the best (benchmarks/results/h200/fits/permute.md, "tiled: the
+                # narrow tile's order").
                 return [general[0], general[1], *narrow]
             return [*narrow, general[0], general[1]]
         return general
