@@ -2,6 +2,9 @@
 
 M elements of s bytes are read and M bools written by every backend; they differ in the work done
 per element (comparisons, dependent loads, probes) and the set-up (a sort, a table build, a sync).
+
+A constant or rule fitted to measured calls names its heading in
+benchmarks/results/h200/fits/isin.md (as `fits/isin.md, "HEADING"`), which keeps the measurements.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from .device_model import BOUND_LAUNCH
 
 OP = "isin"
 
-#: torch.isin's brute-force kernel loops over the test set for each element, reloading every test
-#: element from memory: about 1e-11 s per element pair on an H200 (measured), some 100x slower
-#: than a compare that keeps the test element in a register for a whole block.
+#: Seconds per element pair of torch.isin's brute-force kernel, which loops over the test set for
+#: each element, reloading every test element from memory: some 100x the cost of a compare that
+#: keeps the test element in a register for a whole block (fits/isin.md, "TORCH_BRUTE_PAIR_S").
 TORCH_BRUTE_PAIR_S = 1e-11
 
 
@@ -66,8 +69,9 @@ def compare(call, model, plan):
 
 
 #: torch.sort of up to this many elements runs in one block; more take a multi-kernel radix sort
-#: whose time does not fall below SORT_MULTI_KERNEL_FLOOR_S (the H200 table: search on 1e4 and
-#: 1e5 test values took 130-160 us, against a few us of kernel).
+#: whose time does not fall below SORT_MULTI_KERNEL_FLOOR_S however few its bytes: measured
+#: sorts of that size took many times what their kernels' work explains (fits/isin.md,
+#: "SORT_MULTI_KERNEL_FLOOR_S").
 SORT_ONE_BLOCK = 4096
 SORT_MULTI_KERNEL_FLOOR_S = 60e-6
 
@@ -99,30 +103,32 @@ def table_bytes(call, slots_per_key: int = 4, keys: int | None = None) -> int:
 #: copies the table into shared memory at each gather).
 SMEM_STAGING_BPS = 3e13
 #: Seconds per element of probing an on-chip table beyond its loads (the hash, the compare, the
-#: bucket walk), 32-bit keys; 64-bit keys take twice that (fit on the H200 table: 16M elements in
-#: 16 or 1K test values take 35-110 us past their stream, not the few the gathers alone explain).
+#: bucket walk), 32-bit keys; 64-bit keys take twice that. The gathers alone explain a small part
+#: of what on-chip probes measured past their stream (fits/isin.md, "HASH_LOCAL_PROBE_S").
 HASH_LOCAL_PROBE_S = 3e-12
 #: bitmap's kernels on a range too wide for the bitmap probe its hash set at this multiple of the
-#: hash backend's time (its set-up and range check on top; measured 1.7-1.9x on the H200 where the
-#: table lives in L2 or DRAM, about 1x where it is on chip).
+#: hash backend's time where the table lives in L2 or DRAM (its set-up and range check on top;
+#: about 1x where it is on chip). An empirical factor, the middle of the measured ratios
+#: (fits/isin.md, "BITMAP_WIDE_PENALTY and BITMAP_WIDE_BUILD").
 BITMAP_WIDE_PENALTY = 1.8
-#: ... and build it at this multiple of the hash backend's build (1e6 elements in 16M test values:
-#: 1.57 ms against 1.25 ms on the H200).
+#: ... and build it at this multiple of the hash backend's build (same heading).
 BITMAP_WIDE_BUILD = 1.25
 
 
-#: The share of L2 a table of random atomic updates can use before the updates go to DRAM (a
-#: 32 MB bitmap filled by 16M test values took about 0.5 ms on the H200, twice L2's atomic rate).
+#: The share of L2 a table of random atomic updates can use before the updates go to DRAM. An
+#: empirical share: a measured table of about half of L2 took its updates at about half L2's
+#: atomic rate (fits/isin.md, "ATOMIC_L2_SHARE and ATOMIC_DRAM_ACCESSES").
 ATOMIC_L2_SHARE = 0.3
-#: An atomic update that misses L2 costs this many random DRAM accesses (a read and a write, and
-#: their queueing: the 256 MB table of 16M test values took 1.25 ms to build on the H200).
+#: An atomic update that misses L2 costs this many random DRAM accesses: a read and a write, and
+#: their queueing (same heading).
 ATOMIC_DRAM_ACCESSES = 2.5
 
 
 def _atomics(n: float, table_bytes: float, model) -> float:
     """n atomic updates at random places of a table: at L2's rate while the table fits there,
-    a read and a write of DRAM for the part that does not (16M test values make a 256 MB hash
-    table: its build took about 1 ms on the H200, not the 0.3 ms L2 atomics would)."""
+    a read and a write of DRAM for the part that does not (a table far larger than L2 builds
+    several times slower than L2 atomics would: fits/isin.md, "ATOMIC_L2_SHARE and
+    ATOMIC_DRAM_ACCESSES")."""
     hit = min(1.0, ATOMIC_L2_SHARE * model.l2_bytes / max(table_bytes, 1.0))
     return n * (hit * model.atomic + (1 - hit) * ATOMIC_DRAM_ACCESSES * model.gather_dram)
 
@@ -143,9 +149,8 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
         # One 16/32-byte bucket per element, read through L2 (or DRAM when the table is big).
         probes = model.gather(1.1 * m, t_bytes)
     # The inserts land on the slots of distinct values only: 8- and 16-bit keys have at most
-    # 256 / 65536 of them, whose slots stay in L2 however many test values (H200: 2.96M uint8
-    # test values took the whole call 97 us, where inserts spread over the 48 MB table would
-    # take 0.2 ms).
+    # 256 / 65536 of them, whose slots stay in L2 however many test values (fits/isin.md,
+    # "hash: inserts of 8- and 16-bit keys").
     dtype = call.elements.dtype
     hot_bytes = t_bytes
     if dtype.itemsize <= 2 and not dtype.is_floating_point:
@@ -156,11 +161,10 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
 
 
 #: A bitmap of a few words (8- and 16-bit keys: 8 and 2048 words) takes every test value's
-#: atomic OR on those words: updates of one word serialise at about this many seconds each (H200:
-#: 2.96M uint8 test values into 8 words took 0.54 ms, 1.44M 0.26 ms, against 0.06 modelled) ...
+#: atomic OR on those words: updates of one word serialise, at about this many seconds each ...
 BITMAP_WORD_UPDATE_S = 1.2e-9
-#: ... and the few L2 lines of such a bitmap take them at this rate at best (1.08M int16 test
-#: values into 2048 words: 33 us more than modelled).
+#: ... and the few L2 lines of such a bitmap take them at this rate at best (both fitted to
+#: measured calls: fits/isin.md, "BITMAP_WORD_UPDATE_S and BITMAP_SMALL_UPDATE_S").
 BITMAP_SMALL_UPDATE_S = 3e-11
 
 

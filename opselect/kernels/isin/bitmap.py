@@ -183,9 +183,10 @@ class BitmapBackend(PlannedBackend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        # Blocks of 1024 first: the H200's tuning of bench_random's calls chose them on 62 of
-        # 120 calls and on 7 of the 8 that took over 150 us; the 4096 x 2 it had first cost cold
-        # picks up to 1.75x (111 x 123585 int64 in 1597: 520 us against 270).
+        # Blocks of 1024 first (the cold model runs the first config): tuning chose them on
+        # about half of the measured calls and on most of the long ones, where the 4096 x 2
+        # that came first before made cold picks up to 1.75x slower
+        # (benchmarks/results/h200/fits/isin.md, "bitmap: the first config").
         return [{"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4},
                 {"BLOCK": 4096, "PER_PROGRAM": 2, "num_warps": 8},
                 {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8}]

@@ -95,8 +95,8 @@ class CompareBackend(PlannedBackend):
         tiled = [{"BLOCK": 64, "TILE_N": 64, "num_warps": 4},
                  {"BLOCK": 128, "TILE_N": 32, "num_warps": 4}]
         # Too few blocks of 1024 to fill the GPU, and a test set worth splitting: tiles first.
-        # (Measured on the H200, random calls: from about one block of 1024 per SM, streaming
-        # wins whatever the test set; 2x365051 in 179 int32 took 105 us tiled, 24 streaming.)
+        # From about one block of 1024 per SM streaming measured faster whatever the test set
+        # (benchmarks/results/h200/fits/isin.md, "compare: tiles or streaming first").
         if cdiv(call.m, 1024) < call.info.sm_count and call.n > 32:
             return tiled + streaming
         return streaming + tiled

@@ -67,8 +67,8 @@ class HashBackend(PlannedBackend):
             # the alternative reads it through L1.
             # (Triton stages the table in shared memory at every gather, so larger blocks amortise
             # that copy better than more blocks per program do.)
-            # The H200's tuning of bench_random's calls chose 2048 x 4 on 10 of the 15 such
-            # calls that took 80 us or more; the 4096 x 2 it had first, on 1.
+            # 2048 x 4 first: tuning chose it on most such calls that take long enough to
+            # matter (benchmarks/results/h200/fits/isin.md, "hash: the first configs").
             return [{"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
                     {"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
                     {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
@@ -77,13 +77,13 @@ class HashBackend(PlannedBackend):
                {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
                {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4},
                {"BLOCK": 2048, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 8, "num_warps": 8}]
-        # (H200 tuning, calls of 80 us or more: blocks of 512 won 8 of 13, the 1024 once.)
+        # Blocks of 512 first: tuning chose them on most long calls (same heading).
         key_bits = _key_bits(call.elements.dtype)
         table_bytes = (1 << table_plan(call.n, key_bits, False)[0]) * key_bits // 8
         if table_bytes > call.info.l2_bytes and call.elements.dtype.itemsize > 1:
             # A table of 4 slots a key that outgrows L2 is probed in DRAM; at 2 slots a key it
-            # fits twice as often (H200 tuning: 2 slots won all 11 calls with such tables, from
-            # 1.5M test values up). 1-byte keys touch at most 256 slots, which stay in L2.
+            # fits twice as often, and tuning chose 2 slots on every such call (same heading).
+            # 1-byte keys touch at most 256 slots, which stay in L2.
             out.insert(0, out.pop(2))
         return out
 
@@ -125,8 +125,9 @@ class HashBackend(PlannedBackend):
         log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("LOCAL")),
                                         config.get("SLOTS", 4))
         # Floats go through murmur's finaliser in tables read through L2; on-chip tables (up
-        # to 1K-4K keys) keep Fibonacci hashing, which measured better there (16M elements in
-        # 1K floats of integers: 0.083 ms against 0.147 ms on the H200).
+        # to 1K-4K keys) keep Fibonacci hashing, which measured faster there
+        # (benchmarks/results/h200/fits/isin.md, "hash: Fibonacci hashing for on-chip float
+        # tables").
         mix = dtype.is_floating_point and not local_slots
         block = config["BLOCK"]
         per = _blocks_per_program(m, block, config["PER_PROGRAM"] if local_slots else 1)
