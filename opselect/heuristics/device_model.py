@@ -16,6 +16,9 @@ Every constant is a throughput or a latency measured the way the cost functions 
     sort_fixed       seconds of fixed overhead of one torch.sort call
 
 `scales` hold per "op/backend" corrections (measured over predicted time) fitted by calibrate.
+
+The measurements behind the defaults and the scale rule are kept in
+benchmarks/results/h200/fits/device_model.md, named by heading below.
 """
 
 from __future__ import annotations
@@ -85,9 +88,10 @@ class DeviceModel:
         device-bound).
 
         A calibrated scale corrects the device parts only: it is measured on device-bound calls
-        (bench_random's fit, `opselect calibrate`), and laid over the host time as well it moved
-        every small call of a backend whose large calls ran slower than modelled (H200: isin
-        compare scaled 2.2x lost eight calls of 20-45 us to torch's slower isin)."""
+        (bench_random's fit, `opselect calibrate`), so it says nothing of the host time, and laid
+        over the host time as well it would move every small call of a backend whose large calls
+        ran slower than modelled (fits/device_model.md, "Calibrated scales: device parts
+        only")."""
         scale = self.scales.get(f"{op}/{backend}", 1.0)
         slow = 1.0
         if triton and self.triton_slowdown != 1.0:
@@ -100,9 +104,9 @@ class DeviceModel:
         return Estimate(max(host, device), dict(parts), notes)
 
 
-# Defaults: the H200's constants as `opselect calibrate` measured them on this workplace's H200
-# (2026-11-22, torch 2.11, triton 3.6); the H100 shares the chip, with slower memory; the A100's are
-# datasheet estimates. `opselect calibrate` replaces them with your machine's.
+# Defaults: the H200's constants as `opselect calibrate` measured them on an H200 (the run and
+# its versions: fits/device_model.md, "Defaults"); the H100 shares the chip, with slower memory;
+# the A100's are datasheet estimates. `opselect calibrate` replaces them with your machine's.
 _HOPPER = dict(
     smem_bytes=227 * 1024, launch=14e-6, torch_launch=8.7e-6, sync=21e-6, gather_l2=5.6e-12,
     gather_smem=4.2e-13, atomic=1.4e-11, compare=1.06e-13, sort_fixed=14e-6,
