@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opselect
 from opselect import library, ops
+from opselect.fronts import isin as isin_front
 from opselect.dispatch import get_op, tuning
 from opselect.dispatch import tuning_mode
 from opselect.tune_cache import store
@@ -332,7 +333,7 @@ def test_rule_isin_from_the_cost_model(test_size, choice, keeps):
     args, kwargs = op.sample([[16 << 20], [test_size]], torch.int64, {}, torch.device("meta"))
     call = op.prepare(*args, **kwargs)
     candidates = op.plan(call, model, check_device=False)
-    assert library.isin_inductor_keeps(call, choice, candidates, model) is keeps
+    assert isin_front.isin_inductor_keeps(call, choice, candidates, model) is keeps
 
 
 def test_rule_dynamic_shapes(cpu_triton):

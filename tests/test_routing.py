@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 import opselect
-from opselect.routing import _view_strides
+from opselect.fronts.permute import _view_strides
 
 FORCED = {"softmax": "fused", "log_softmax": "strided", "topk": "bitonic", "isin": "hash",
           "permute": "naive"}
@@ -295,7 +295,7 @@ def test_compiled_under_enable(cpu_triton, backend):
 # ---------------------------------------------------------------------------------------------
 from opselect import routing as _routing  # noqa: E402
 
-ENTRY_POINTS = [(owner, name) for _, owner, name, _, _ in _routing._ENTRY_POINTS]
+ENTRY_POINTS = [(owner, name) for _, owner, name, *_ in _routing._ENTRY_POINTS]
 
 
 def _snapshot():

@@ -1,0 +1,356 @@
+"""permute's front: the public functions ops.permute and ops.transpose, their torch.library ops for
+compiled code, their function-transform rules and enable()'s handlers of the copies of permuted
+views (contiguous(), reshape()). The kernels and backends are in opselect/kernels/permute/."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.autograd.forward_ad as _fwad
+from torch.compiler import is_compiling as _compiling
+
+from .. import routing_state as _state
+from .. import transforms as _transforms
+from ..dispatch.tuning_mode import state as _tuning_state
+from ..kernels import permute as _permute
+from ..kernels.permute.call import plain_key as _permute_key
+from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _first, _ops, _placed,
+                       _run, _symbolic, _unrouted, _wrap)
+from ..transforms import _bdim_first, batched
+from ._base import (PASS, _PLAIN, _TENSOR, _UNSEEN, _arg, _counted, _functorch_active, _prepared,
+                    _route, _takes, _tracing)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public function (ops.permute)
+# ---------------------------------------------------------------------------------------------
+def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Tensor] = None,
+            backend: Optional[str] = None) -> torch.Tensor:
+    """input.permute(dims).contiguous(): a new contiguous tensor (or `out`, written into), or,
+    as torch's contiguous() gives, the permuted view itself when that is contiguous already (a
+    permutation that moves only dims of size 1, or undoes the input's own; a forced Triton
+    backend, autograd and torch.compile always give a new tensor).
+
+    Backends: torch, naive, tiled, vectorized (see opselect.kernels.permute)."""
+    if _compiling():
+        return _compiled(input, dims, out, backend)
+    if (_functorch_active() or _fwad._current_level >= 0) and _transforms.watched(input):
+        return _transformed(input, dims, out, backend)
+    if out is not None:
+        # As torch's permute_copy(out=): never recorded by autograd, and refused while out
+        # itself requires grad.
+        if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("permute: functions with out=... arguments don't support "
+                               "automatic differentiation, but out requires grad (as torch's "
+                               "permute_copy)")
+        with torch.no_grad():
+            return _permute.OP.run(_permute.prepare(input, dims, out=out), backend)
+    if isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled():
+        # Autograd through any backend (the kernels' own calls record none).
+        return _transformed(input, dims, out, backend)
+    key = _permute_key(input, dims)
+    if backend is None or backend == "auto":
+        route = _permute.OP.routes.get(key)
+        if route is not None and (route[1] or not _tuning_state.active):
+            if route[0] is None:
+                return torch.permute_copy(input, dims)  # (one ATen call: kernels/permute/call.py)
+            return route[0](input)
+    elif key is not None:
+        prepared = _permute.OP.forced_routes.get((backend, key), _UNSEEN)
+        if prepared is not _UNSEEN:
+            return torch.permute_copy(input, dims) if prepared is None else prepared(input)
+    call = _permute.prepare_keyed(key, input, dims)
+    if call.view_is_contiguous and (backend is None or backend == "auto" or backend == "torch"):
+        # As torch's permute(dims).contiguous(): the view itself when it is contiguous already
+        # (dims of size 1 moved, the input's own permutation undone). A forced Triton backend
+        # runs its copy (or says why it cannot).
+        return input.permute(call.dims)
+    return _permute.OP.run(call, backend, key)
+
+
+def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,
+              backend: Optional[str] = None) -> torch.Tensor:
+    """input.transpose(dim0, dim1).contiguous(): permute() with two dims swapped."""
+    return permute(input, _permute.transpose_dims(input, dim0, dim1), out=out, backend=backend)
+
+
+_permute.OP.public = permute  # what tuning's stage 2 times (Op._pinned_public)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled calls: the torch.library ops, their fake, autograd and vmap rules, and the
+# trace-time choice between opselect's op and the aten op (opselect/library.py has the rule)
+# ---------------------------------------------------------------------------------------------
+LIB.define("permute(Tensor input, int[] dims, str? backend=None) -> Tensor")
+LIB.define("permute_or_aten(Tensor input, int[] dims, str? backend=None) -> Tensor")
+
+
+def _permute_kernel(input, dims, backend=None):
+    return _run(_permute.OP, _permute.prepare(input, list(dims)), backend)
+
+
+@torch.library.register_fake("opselect::permute", lib=LIB)
+def _permute_fake(input, dims, backend=None):
+    return input.new_empty([input.shape[d] for d in dims])
+
+
+class _PermuteAutograd(torch.autograd.Function):
+    op_name = "permute"
+    @staticmethod
+    def forward(x, dims, backend):
+        with _BelowAutograd():
+            return _ops.permute(x, dims, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dims = list(inputs[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.permute(inverse(ctx.dims)), None, None
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        return t.permute(ctx.dims)
+
+
+def _permute_autograd(input, dims, backend=None):
+    if _differentiated(input):
+        return _apply(_PermuteAutograd, input, dims, backend)
+    with _BelowAutograd():
+        return _ops.permute(input, dims, backend)
+
+
+def _permute_vmap(info, in_dims, input, dims, backend=None):
+    if in_dims[0] is None:
+        return _ops.permute(input, dims, backend), None
+    x = _first(input, in_dims[0])
+    rank = x.dim() - 1
+    wrapped = [_wrap(d, rank, "permute") for d in dims]
+    return _transforms.batched(lambda: _ops.permute(x, [0, *(d + 1 for d in wrapped)], backend),
+                               lambda b: _ops.permute(x[b].contiguous(), wrapped, backend), x.shape[0]), 0
+
+
+def _permute_or_aten(input, dims, backend=None):
+    if _placed(_permute.OP, backend, (input,),
+               None if type(input) is not torch.Tensor else
+               lambda: _permute.prepare(input, list(dims)), True):
+        return _ops.permute(input, dims, backend)
+    if list(dims) != list(range(input.dim())):
+        input = input.permute(dims)
+    return input.clone(memory_format=torch.contiguous_format)
+
+
+def _compiled(input, dims, out, backend):
+    """What permute() calls while torch.compile traces (Dynamo traces this Python)."""
+    result = _ops.permute_or_aten(input, list(dims), backend)
+    if out is not None:
+        return out.copy_(result)
+    return result
+
+
+LIB.impl("permute", _unrouted(_permute_kernel), "CompositeExplicitAutograd")
+LIB.impl("permute", _permute_autograd, "Autograd")
+torch.library.register_vmap("opselect::permute", _permute_vmap, lib=LIB)
+LIB.impl("permute_or_aten", _unrouted(_permute_or_aten), "CompositeImplicitAutograd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Function transforms (forward-mode AD, torch.func): one autograd.Function on plain tensors
+# ---------------------------------------------------------------------------------------------
+def inverse(dims) -> list[int]:
+    inverse = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inverse[d] = i
+    return inverse
+
+
+class _Permute(torch.autograd.Function):
+    @staticmethod
+    def forward(x, dims: tuple, backend):
+        return _permute.OP.run(_permute.prepare(x, list(dims)), backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dims = inputs[1]
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        return t.permute(ctx.dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.permute(inverse(ctx.dims)), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, dims, backend):
+        if in_dims[0] is None:
+            return _Permute.apply(x, dims, backend), None
+        x = _bdim_first(x, in_dims[0])
+        return batched(lambda: _Permute.apply(x, (0, *(d + 1 for d in dims)), backend),
+                       lambda b: _Permute.apply(x[b].contiguous(), dims, backend), x.shape[0]), 0
+
+
+def _transformed(x, dims, out, backend):
+    """A permute that a transform watches or that records autograd (out None). dims are
+    checked (and wrapped) by permute's own rules first."""
+    if not isinstance(x, torch.Tensor):
+        _permute.prepare(x, dims)  # the argument error
+    dims = _permute.wrap_dims(dims, x.dim())
+    if out is not None:
+        # Under a transform, out= is torch's to answer (vmap refuses it, as for torch's op).
+        return torch.permute_copy(x, dims, out=out)
+    return _Permute.apply(x, dims, backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# opselect.enable(): the handler of the torch entry points this op takes over
+# ---------------------------------------------------------------------------------------------
+def _dense_permuted(x: torch.Tensor) -> bool:
+    """x's elements fill its storage span with no gap and no overlap, in some order of its
+    dims: a permuted view of a contiguous tensor (what permute's kernels copy)."""
+    expect = 1
+    for stride, size in sorted(zip(x.stride(), x.shape)):  # (C-level: no generator)
+        if size != 1:
+            if stride != expect:
+                return False
+            expect *= size
+    return True
+
+
+def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
+    dims = _identity(x.dim())
+    backend = router.backends.get("permute")
+    if _tracing(x):
+        return _compiled(x, dims, None, backend)
+    key = _permute_key(x, dims)
+    route = _route(_permute.OP, key, backend)
+    if route is not None:
+        return route if route is PASS else _prepared(route, x)
+    return _counted(_permute.OP, _permute.prepare_keyed, backend, key, key, x, dims)
+
+
+def _already_contiguous(x: Any) -> bool:
+    """The common call of a model's .contiguous() or .reshape(): an eager, plain, contiguous
+    tensor. Answered first, in a few checks (the call passes to torch)."""
+    return (type(x) in _PLAIN and x.layout is torch.strided and not _compiling()
+            and x.is_contiguous())
+
+
+def _plain_view(x: Any) -> bool:
+    """x is a permuted view with no gaps (not itself contiguous) that opselect copies. The
+    common case, an already contiguous tensor, is answered after two checks."""
+    if not _takes(x) or x.layout != torch.strided:
+        return False
+    if _tracing(x) and _symbolic(x):
+        return False  # a symbolic size: torch's op (guarding a layout would specialize it)
+    return not x.is_contiguous() and _dense_permuted(x)
+
+
+def _contiguous_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
+    x = args[0] if args else kwargs.get("self")
+    if _already_contiguous(x):
+        return PASS
+    if (len(args) > 1 or kwargs) and _arg(args, kwargs, 1, "memory_format",
+                                          torch.contiguous_format) is not torch.contiguous_format:
+        return PASS
+    if type(x) is _TENSOR and not _compiling():
+        # A layout decided before: its route answers, without _plain_view's checks again (the
+        # key holds the whole layout, and a route is made only for a call that passed them,
+        # or for ops.permute's own copy of that layout, which is as right).
+        route = _route(_permute.OP, _permute_key(x, _identity(x.dim())),
+                       router.backends.get("permute"))
+        if route is not None:
+            return route if route is PASS else _prepared(route, x)
+    if not _plain_view(x):
+        return PASS
+    return _copy_of_view(router, x)
+
+
+#: The identity permutation of each rank up to 16: the dims of the copy contiguous() makes.
+_IDENTITY = tuple(tuple(range(n)) for n in range(17))
+
+
+def _identity(rank: int) -> tuple:
+    return _IDENTITY[rank] if rank < 17 else tuple(range(rank))
+
+
+def _reshape_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
+    """Tensor.reshape(*shape) / Tensor.reshape(shape) / torch.reshape(input, shape)."""
+    x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    if _already_contiguous(x) or not _plain_view(x):
+        return PASS
+    rest = args[1:]
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
+        shape = tuple(rest[0])
+    elif rest:
+        shape = tuple(rest)
+    else:
+        shape = kwargs.get("shape")
+        if shape is None:
+            return PASS
+        shape = tuple(shape)
+    if not all(type(s) is int for s in shape):
+        return PASS
+    target = _infer(shape, x.numel())
+    if target is None or _view_strides(tuple(x.shape), x.stride(), target) is not None:
+        return PASS  # a view does it (or the shape is wrong: torch says why)
+    copy = _copy_of_view(router, x)
+    return copy if copy is PASS else copy.view(target)  # (PASS: torch's reshape copies)
+
+
+def _infer(shape: tuple, numel: int) -> Optional[tuple]:
+    """shape with its -1 filled in, or None when it does not fit numel."""
+    known = 1
+    free = -1
+    for i, s in enumerate(shape):
+        if s == -1:
+            if free >= 0:
+                return None
+            free = i
+        elif s < 0:
+            return None
+        else:
+            known *= s
+    if free >= 0:
+        if known == 0 or numel % known:
+            return None
+        shape = shape[:free] + (numel // known,) + shape[free + 1:]
+    elif known != numel:
+        return None
+    return shape
+
+
+def _view_strides(old_shape: tuple, old_strides: tuple, new_shape: tuple) -> Optional[list]:
+    """The strides of x.view(new_shape), or None when no view can have that shape (ATen's
+    computeStride: each run of dims that is contiguous within itself must map onto whole
+    dims of the new shape)."""
+    if not old_shape:
+        return [1] * len(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    base = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                base = old_strides[d - 1]
+                tensor_numel = view_numel = 1
+    return new_strides if view_d == -1 else None
+
+
+ENTRY_POINTS = [
+    # (op, owner, attribute, handler, whether the original is Python that calls another entry
+    # point, whether it copies a view (the layout entries: contiguous, reshape))
+    ("permute", torch.Tensor, "contiguous", _contiguous_handler, False, True),
+    ("permute", torch.Tensor, "reshape", _reshape_handler, False, True),
+    ("permute", torch, "reshape", _reshape_handler, False, True),
+]
