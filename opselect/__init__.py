@@ -19,6 +19,7 @@ import importlib
 from typing import Any
 
 from . import ops
+from .heuristics import device_model as _device_model  # noqa: F401  (dispatch's cost-model source)
 from ._version import __version__
 from .dispatch import Decision, get_op, tuning
 from .observe import freeze, frozen, on_decision, record, stop_recording

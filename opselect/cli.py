@@ -223,7 +223,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     dtype = parse_dtype((args.dtype or ["float32"])[0])
     options = dict(args.opt or [])
     if args.what_if:
-        from .dispatch.op import what_if
+        from .heuristics.device_model import what_if
         from .heuristics.device_model import KNOWN_GPUS
 
         if args.what_if.upper() not in KNOWN_GPUS:

@@ -59,7 +59,7 @@ def main() -> int:
 
     console.print("\n[bold]5. What the cost model picks on an H200[/bold] (no GPU needed)")
     from opselect.dispatch import get_op
-    from opselect.dispatch.op import what_if
+    from opselect.heuristics.device_model import what_if
 
     op = get_op("isin")
     table = Table()

@@ -109,6 +109,52 @@ def test_no_import_circles():
     assert not circles, f"import circles in opselect/: {detail}"
 
 
+#: The layers of opselect/, lowest first: a module imports modules of its own layer and those
+#: below, never above (imports inside functions count). A module is in the layer of the longest
+#: prefix that names it; a module no prefix names is at the top (the package, the command line,
+#: warm, distributed, demo ...), as are the entry points listed in TOP.
+LAYERS = (
+    # what everything stands on: errors, switches, the device and decision records, the tuning
+    # switch, routing's thread state, the usage counts, decision hooks, the kernel launcher
+    ("opselect.errors", "opselect.switches", "opselect._version", "opselect.dispatch.device",
+     "opselect.dispatch.tuning_mode", "opselect.dispatch.decision", "opselect.dispatch.signature",
+     "opselect.routing_state", "opselect.usage", "opselect.observe", "opselect.kernels._common"),
+    ("opselect.tune_cache",),
+    ("opselect.dispatch",),
+    ("opselect.heuristics",),
+    ("opselect.kernels",),
+    ("opselect.library", "opselect.transforms"),
+    ("opselect.fronts",),
+    ("opselect.ops", "opselect.routing"),
+)
+#: Modules inside a lower package that are programs of their own: the isolation helper's main
+#: (it imports the whole package) and the calibration command (it times a kernel of isin).
+TOP = ("opselect.dispatch.isolation_child", "opselect.heuristics.calibrate")
+
+
+def _layer(module: str) -> int:
+    if module in TOP:
+        return len(LAYERS)
+    best, found = -1, len(LAYERS)
+    for level, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), level
+    return found
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = sorted((m, d) for m, deps in _import_graph().items() for d in deps
+                    if _layer(d) > _layer(m))
+    assert not upward, f"imports of a higher layer (module, imported): {upward}"
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert _layer("opselect.dispatch.op") < _layer("opselect.heuristics.device_model")
+    assert _layer("opselect.kernels._common") < _layer("opselect.dispatch.source_hash")
+    assert _layer("opselect.fronts.isin") < _layer("opselect.routing") < _layer("opselect.cli")
+
+
 def test_the_graph_check_sees_a_circle():
     # The check itself must be able to fail: a planted two-module circle is found.
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]

@@ -26,6 +26,15 @@ from .measuring import Measuring, _times_the_run_alone  # noqa: F401
 from .registry import all_ops, get_op, register  # noqa: F401
 
 AUTO = ("auto", None)
+#: The device model's functions, model_for(info) and defaults_for(info), which
+#: heuristics/device_model.py hands over when it is imported (opselect's __init__ imports it):
+#: dispatch sits below the heuristics and never imports them.
+_device_models: dict[str, Callable[[DeviceInfo], Any]] = {}
+
+
+def use_device_models(model_for: Callable[[DeviceInfo], Any],
+                      defaults_for: Callable[[DeviceInfo], Any]) -> None:
+    _device_models.update(model_for=model_for, defaults_for=defaults_for)
 #: Cold choices are kept per exact call; past this many the memo starts again.
 COLD_MEMO_MAX = 1 << 16
 #: Routes (Op.routes) kept per op; past this many they start again.
@@ -206,9 +215,7 @@ class Op(Measuring):
         """Every backend's verdict and the cost model's estimate for this call. With
         check_device=False the device is not asked (a what-if on a device one does not have)."""
         if model is None:
-            from ..heuristics.device_model import model_for
-
-            model = model_for(call.info)
+            model = _device_models["model_for"](call.info)
         candidates = []
         for b in self.backends:
             reason = b.device_reason(call.info) if check_device else None
@@ -338,10 +345,8 @@ class Op(Measuring):
         """The cost model's decision for this call on another device (its default constants):
         the same `choose` the dispatcher uses, no device asked, no cache read. `call` is usually
         prepared from meta tensors (shapes and dtypes only)."""
-        from ..heuristics.device_model import defaults_for
-
         call.info = info  # plans read the SM count, the L2 size ... of the device asked about
-        candidates = self.plan(call, defaults_for(info), check_device=False)
+        candidates = self.plan(call, _device_models["defaults_for"](info), check_device=False)
         able = [c for c in candidates if c.supported]
         best = choose(able, lambda c: c.predicted_s)
         config = dict(self._by_name[best.name].configs(call)[0])
@@ -369,23 +374,3 @@ def _warn_foreign_config(op: str, backend: str, config: dict[str, Any]) -> None:
     warnings.warn(f"opselect: ignoring a tune record's config of {op}/{backend} that the backend "
                   f"does not offer for the call ({text[:200]}{'...' if len(text) > 200 else ''});"
                   f" it is measured again when tuning", CacheWarning, stacklevel=4)
-
-
-
-def what_if(op: Op, shapes: Any, dtype: torch.dtype, options: dict, gpu: str) -> Decision:
-    """The cost model's decision for a call described as a warm spec entry (shapes, dtype,
-    options) on a known GPU one need not have (`opselect explain --what-if`, the demo)."""
-    from ..heuristics.device_model import known_gpu
-
-    from ..errors import OpselectError, UsageError
-
-    info = known_gpu(gpu)
-    try:
-        args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("meta"))
-        call = op.prepare(*args, **kwargs)
-    except OpselectError as exc:
-        raise UsageError(f"{op.name} {shapes} {dtype}: {exc}") from None
-    except (RuntimeError, ValueError, TypeError) as exc:  # the options or torch refused
-        raise UsageError(f"{op.name} {shapes} {dtype} {options}: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0]}") from None
-    return op.what_if(call, info)

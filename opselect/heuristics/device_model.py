@@ -24,8 +24,10 @@ benchmarks/results/h200/fits/device_model.md, named by heading below.
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import dataclass, field, fields, replace
 
+from ..dispatch import op as _dispatch_op
 from ..dispatch.backend import Estimate
 from ..dispatch.device import DeviceInfo
 
@@ -200,3 +202,27 @@ def with_calibration(model: DeviceModel, constants: dict[str, float],
 
 def forget_models() -> None:
     _models.clear()
+
+
+def what_if(op: Any, shapes: Any, dtype: Any, options: dict, gpu: str) -> Any:
+    """The cost model's decision (a Decision) of `op` for a call described as a warm spec entry
+    (shapes, dtype, options) on a known GPU one need not have (`opselect explain --what-if`,
+    the demo)."""
+    import torch
+
+    from ..errors import OpselectError, UsageError
+
+    info = known_gpu(gpu)
+    try:
+        args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("meta"))
+        call = op.prepare(*args, **kwargs)
+    except OpselectError as exc:
+        raise UsageError(f"{op.name} {shapes} {dtype}: {exc}") from None
+    except (RuntimeError, ValueError, TypeError) as exc:  # the options or torch refused
+        raise UsageError(f"{op.name} {shapes} {dtype} {options}: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    return op.what_if(call, info)
+
+
+# Dispatch asks for the model through these (it sits below the heuristics).
+_dispatch_op.use_device_models(model_for, defaults_for)
