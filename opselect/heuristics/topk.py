@@ -8,7 +8,9 @@ an in-register sort of the k winners, one program per row).
 
 The constants below started as estimates from instruction counts and latencies and were then fitted
 to the H200 benchmark (benchmarks/results/h200/topk.json; tools/model_regret.py shows the fit);
-`opselect calibrate` corrects each backend's total through model.scales["topk/<backend>"].
+`opselect calibrate` corrects each backend's total through model.scales["topk/<backend>"]. Each
+constant's comment says what it stands for and why it has its value; the measurements behind the
+values are in benchmarks/results/h200/fits/topk.md, under the heading the comment names.
 """
 
 from __future__ import annotations
@@ -30,96 +32,90 @@ SORT_ROUND_LATENCY = 0.02e-6  # one round of the in-register bitonic sort of the
 # Warps an SM keeps busy with latency-bound per-row programs (about 128 registers a thread):
 # programs of 4 warps overlap four rows per SM, programs of 16 warps none.
 WARPS_PER_SM = 16
-# tournament's chunk loop (a tile loaded, then reduced) keeps few loads in flight: each resident
-# warp streams about this many bytes per second (H200: 1.6e7 elements in 123 programs of 8
-# warps, 0.09 ms; 1.3e8 in 512 programs of 4 warps, 0.33 ms).
+# tournament's chunk loop (a tile loaded, then reduced) keeps few loads in flight, so its rate
+# follows the resident warps, not the chip's bandwidth: each resident warp streams about this
+# many bytes a second (fitted on single long rows: fits/topk.md#tournament).
 TOURNAMENT_WARP_BANDWIDTH = 0.8e9
 # One program streaming its own row (fused mode) reads at about this rate.
 PROGRAM_BANDWIDTH = 60e9
-# torch.topk (ATen's multi-block radix select, torch 2.11-2.13): each of its digit passes
-# (one per key byte) handles about this many elements per second on an H200 (scaled by
-# bandwidth elsewhere): 16M float32 elements take 0.32 ms, 4 passes and a gather.
+# torch.topk (ATen's multi-block radix select, torch 2.11-2.13): each of its digit passes (one
+# per key byte) handles about this many elements a second at the H200's bandwidth, and
+# proportionally elsewhere; each pass also has a fixed cost (its scan of the digit counts) that
+# dominates small calls, and the pass that gathers the winners reads the input at this part of
+# copy bandwidth (fits/topk.md#torch).
 TORCH_ELEMENTS_PER_S = 2.6e11
-TORCH_PASS_FIXED = 12e-6  # per digit pass (its scan of the digit counts): 100K elements, 51 us
+TORCH_PASS_FIXED = 12e-6
 TORCH_GATHER_EFFICIENCY = 0.3
-# Measured back to back on an H200 (bench_random, 2026-11-26): multi-block calls of 1e5 to 1e6
-# float32 elements take 130-160 us, about 2.5 launches per digit pass and six more.
+# Launches of a multi-block call per digit pass (counts, their scan, the digit's pick; six more
+# around them): the host's launches bound small multi-block calls (fits/topk.md#torch).
 TORCH_LAUNCHES_PER_PASS = 2.5
 # One block per slice (ATen's single-block radix select): each digit pass costs about this
-# much beyond streaming the slice at TORCH_BLOCK_ELEMENTS_PER_S (H200: 3 x 9543 float32,
-# 48 us; 400 x 1718 int64, 40 us).
+# much beyond streaming the slice at TORCH_BLOCK_ELEMENTS_PER_S (fits/topk.md#torch).
 TORCH_BLOCK_PASS = 1e-6
 TORCH_BLOCK_ELEMENTS_PER_S = 1e9
 # The blocks an SM holds at once share it: an SM passes about this many elements a second,
-# however many short slices it holds (H200, back to back: 11955 x 240 float16, 110 us; 6678 x 242
-# float32, 93 us; the per-block rate alone gave them 30-35).
+# however many short slices it holds; the per-block rate alone made many short slices several
+# times too fast (fits/topk.md#torch).
 TORCH_SM_ELEMENTS_PER_S = 0.5e9
 # Blocks narrower than this pass fewer elements a second an SM, about as the square root of
-# their width (H200, back to back: 14715 x 39 bfloat16 in blocks of 64 threads took 61 us,
-# 13525 x 12 float32 in blocks of 32 40 us: about 0.2e9 elements a second an SM).
+# their width (fits/topk.md#torch).
 TORCH_SM_FULL_BLOCK = 256
-# Its host time, in torch launches: tiny calls measured back to back on an H200 (bench_random,
-# 37 calls under 3e4 elements) took a median 14 us unsorted and 21 us sorted (the results'
-# sort is a second op).
+# torch.topk's host time, in torch launches: the op itself, the sort of sorted results (a
+# second op) and, for rows of strided elements, the copies in and out (fits/topk.md#host).
 TORCH_BLOCK_LAUNCHES = 1.6
 TORCH_BLOCK_SORT_LAUNCHES = 0.8
 TORCH_STRIDED_LAUNCHES = 2.0
-# The Python around a Triton topk (prepare, outputs, reshaping) beyond its launches: tiny calls
-# (under 3e4 elements) measured a median 23 us back to back on an H200 (radix, 37 calls), 20 with
-# 6 us here; 10 or more handed bitonic's 5-30 us calls of the suite to torch.
+# The Python around a Triton topk (prepare, outputs, reshaping) beyond its launches, fitted on
+# tiny calls, where it is most of the time; 10 us or more handed bitonic's short calls of the
+# suite to torch (fits/topk.md#host).
 TRITON_GLUE_HOST = 9e-6
-# maxima's second, programmatic dependent launch costs the host more than a plain one (tiny
-# calls: 34-48 us against radix's 20-34).
+# maxima's second, programmatic dependent launch costs the host more than a plain one
+# (fits/topk.md#host).
 MAXIMA_SECOND_LAUNCH_HOST = 8e-6
-# torch.topk's sorted results cost about this times k ** 0.4 beyond k = 1 (H200, one row of
-# 1e5 to 1.6e7: +7 us at k = 64, +22 at 1024, +67 at 16384; unsorted results save it).
+# torch.topk's sorted results cost about this times k ** 0.4 beyond k = 1 (unsorted results
+# save it; fits/topk.md#torch).
 TORCH_SORT_K = 1.3e-6
 # torch.sort of several rows is a segmented sort: a larger fixed cost and more passes than one
-# flat sort of as many keys (H200: 32 x 8192 takes 0.10 ms, 16 x 1e6 twice one row of 1.6e7).
+# flat sort of as many keys (fits/topk.md#sort).
 SEGMENTED_SORT_FIXED = 90e-6
 SEGMENTED_SORT_FACTOR = 1.7
 # radix: sampling, the cooperative wait and the one-program finisher cost about this much
-# device time whatever the row (H200, 16M elements k = 1: 0.09 ms, of which 0.02 is reading).
+# device time whatever the row; most of a long row's call at small k (fits/topk.md#radix).
 RADIX_FIXED = 55e-6
-# radix's filter streams long rows at about this part of copy bandwidth (H200: 1.3e8 elements,
-# k = 1, 0.27 ms; 1.6e7, 0.075 ms).
+# radix's filter streams long rows at about this part of copy bandwidth: it reads each tile,
+# ranks and appends its survivors (fits/topk.md#radix).
 RADIX_PASS_EFFICIENCY = 0.6
 # radix with one program per row (fused): each wave of programs takes about this long beyond
-# its reading (H200: 256 x 50000 k = 1, one wave, 0.12 ms; 4096 x 32000 bf16, 8 waves, 0.77).
+# its reading: the sampling and the finisher, one row a program (fits/topk.md#radix).
 RADIX_FUSED_WAVE = 90e-6
 # bitonic: one element-round of tl.topk's merge network (partner exchange, compare, select) in a
 # 16-warp program that has its SM to itself; a program of w warps takes (w / 16) ** 0.25 of that
 # per element-round. A halving (the max of a row's two halves, then a merge of the winners) costs
-# about a quarter of a merge round per element. Fitted on the 30 device-bound bitonic calls of
-# bench_random's H200 runs (seeds 0-5: 16384-wide rows at k = 16 to 4096, 360 us a row at
-# k = 1024): within 0.77-1.63x of each. The former ALU-count model (10 operations per round, at
-# 128 lanes an SM) was 5-7x under at mid k and only fitted k near the row's width.
+# about a quarter of a merge round per element. Fitted on device-bound calls rather than counted
+# from instructions: an ALU count (10 operations per round, at 128 lanes an SM) was 5-7x under
+# at mid k (fits/topk.md#bitonic).
 BITONIC_ROUND_S = 3.4e-10
 BITONIC_HALVING_WEIGHT = 0.25
 # maxima: launch 2's dependent steps (cut, scan, gather, wait, rank) on an idle chip, and per
-# winner (the wider search and ranking; H200, 16M elements: 8 us at k = 1, 14 us at 1024).
-# The end-to-end fit (do_bench, H200) adds the gap between the two launches: 1e5 elements
-# take 13 us, 1.6e7 33 us at k = 1 and 39 at 1024, 1.3e8 0.15 and 0.16 ms.
+# winner (the wider search and ranking). The fit is end to end, so MAXIMA_SELECT also holds the
+# gap between the two launches (fits/topk.md#maxima).
 MAXIMA_SELECT = 12e-6
 MAXIMA_PER_K = 6e-9
 # Launch 2's programs run about one an SM at a time, each scanning its share of the group
-# maxima: a wave costs about this much plus this much per group maxima of a program (H200, do_bench
-# and bench_random: 293 rows of 228702 float32, 3574 groups a program, 3 waves, 140 us; 1753 rows
-# of 38269, 598 groups, 14 waves, 185 us; 5994 rows of 7468, 117 groups, 46 waves, 170 us). It
-# was 50 ns a program, which gave a few hundred long rows a third of their time.
+# maxima: a wave costs about this much plus this much per group maxima of a program; without
+# the per-group term, calls of a few hundred long rows came out a third of their time
+# (fits/topk.md#maxima).
 MAXIMA_WAVE = 2e-6
 MAXIMA_PER_GROUP = 12e-9
 MAXIMA_PASS_EFFICIENCY = 0.85  # of copy bandwidth, reading with evict-first
 # Each row's candidates are ranked against each other: about k * k comparisons a row, at this
-# many seconds each over the chip (H200, back to back: 3282 x 20444, k = 294, 1.2 ms; 2402 rows
-# of 13824, k = 918, 14.7 ms).
+# many seconds each over the chip (fits/topk.md#maxima).
 MAXIMA_RANK_PAIR = 5e-12
 # tournament keeps the groups whose maximum reaches the cut: with many equal values (a few
-# distinct values in a row) nearly every group does, and a call takes ten times as long
-# (H200: 29 x 24790 float32, k = 6, 378 us against 35 on random normals). The cold model
-# cannot see the values, so it charges tournament this much for the risk (more, 1.3 or 1.5,
-# lost the suites' sampling and 1024 x 4096 cases to a slower pick); tuning measures the real
-# data.
+# distinct values in a row) nearly every group does, and a call takes about ten times as long.
+# The cold model cannot see the values, so it charges tournament this much for the risk; more
+# handed calls that tournament wins to slower backends, and tuning measures the real data
+# (fits/topk.md#tournament).
 TOURNAMENT_VALUE_RISK = 1.15
 
 
@@ -205,8 +201,7 @@ def torch_(call, model, plan=None):
         parts["sort_k"] = max(TORCH_SORT_K * k ** 0.4, model.sort(R * k, s, 8) * 0.5)
     if on_gpu and not _adjacent(call):
         # Rows of strided elements: ATen copies the input to a contiguous layout and back for
-        # the results (H200, back to back: transposed calls of 1e3-4e5 elements took 28-48 us,
-        # contiguous ones of the kind about 20).
+        # the results (fits/topk.md#torch).
         parts["launch"] += TORCH_STRIDED_LAUNCHES * model.torch_launch
         parts["copy"] = model.stream(2 * R * N * s)
     return model.estimate(OP, "torch", triton=False, **parts)
@@ -217,12 +212,11 @@ def sort(call, model, plan=None):
     if done is not None:
         return done
     R, N, k, s = _sizes(call)
-    # torch.sort, then the two slices made contiguous: host-bound for small rows (65 us).
+    # torch.sort, then the two slices made contiguous: host-bound for small rows.
     parts = dict(sort=_torch_sort(model, R, N, s), launch=8 * model.torch_launch,
                  slice=model.stream(2 * _out_bytes(call)))
     if not _contiguous_rows(call):
-        # torch.sort copies rows that are not dense first (H200: 8 sliced rows of 46546
-        # float32 took 193 us against 120 modelled without the copy).
+        # torch.sort copies rows that are not dense first (fits/topk.md#sort).
         parts["launch"] += model.torch_launch
         parts["copy"] = model.stream(2 * R * N * s)
     return model.estimate(OP, "sort", triton=False, **parts)
@@ -287,7 +281,7 @@ def radix(call, model, plan):
     if plan.mode == "direct":
         host += BOUND_LAUNCH + _alloc(2, model)
         parts["memory"] = memory
-        # Its search reduces over the whole row at every step (H200: 1024 x 4096, 71 us).
+        # Its search reduces over the whole row at every step (fits/topk.md#radix).
         parts["finish"] = waves * finish * max(1.0, N / 1024)
         notes = ("one program per row selects from the whole row",)
     elif plan.mode == "fused":
@@ -328,10 +322,9 @@ def tournament(call, model, plan):
     # at the rate the resident warps stream it.
     memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.group_maxima_slots * 4)
     # Warps streaming an SM. A row that is one program streams with all its warps however few
-    # the rows (H200: 2 rows of 13187 float16 took 22 us, where the programs' average share of
-    # an SM predicted 320). Rows split over several programs keep that average, on which the
-    # rate was fitted (single rows of 1.6e7 and 1.3e8; with whole SMs, single rows of 1e5-1e6
-    # were predicted at half their suite times and lost to maxima by up to 1.43x).
+    # the rows (the programs' average share of an SM made a few short rows many times too
+    # slow). Rows split over several programs keep that average, on which the rate was fitted
+    # (whole SMs made single rows of 1e5-1e6 too fast: fits/topk.md#tournament).
     busy = programs / sms if plan.programs_per_row > 1 else max(1.0, programs / sms)
     resident = min(busy, max(1, WARPS_PER_SM // plan.warps)) * plan.warps
     streamed = R * N * s / (min(programs, sms) * resident * TOURNAMENT_WARP_BANDWIDTH)
@@ -342,7 +335,7 @@ def tournament(call, model, plan):
     per_program = 2 * steps * STEP_LATENCY + TILE_LATENCY
     parts["select"] = waves * (per_program + (sort_k if plan.programs_per_row == 1 else 0.0))
     if plan.programs_per_row > 1:
-        # The last program of each row selects from the NB lists of winners.
+        # The last program of each row selects from the programs_per_row lists of winners.
         parts["finish"] = steps * STEP_LATENCY + TILE_LATENCY + sort_k
     est = model.estimate(OP, "tournament", triton=True, launch=host, **parts)
     # Scaled as the model's own calibration scales: the parts with the total.
@@ -410,8 +403,8 @@ def bitonic(call, model, plan):
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
     per_row = bitonic_rounds(npow, kpow) * BITONIC_ROUND_S * (plan.warps / 16) ** 0.25
-    # A program's rows run on one SM: few rows leave most of the chip idle (H200: 22 rows of
-    # 8065 bfloat16, k = 1940, 218 us where the whole chip's share would be 30).
+    # A program's rows run on one SM: few rows leave most of the chip idle, far from the
+    # whole chip's share of the work (fits/topk.md#bitonic).
     rows = plan.rows_per_program
     programs = -(-R // rows)
     network = max(R * per_row / sms, -(-programs // sms) * rows * per_row)
