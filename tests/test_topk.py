@@ -203,8 +203,9 @@ def test_radix_modes(cpu_triton, rows, n, k, mode):
 def test_radix_fused_mode(cpu_triton):
     # One program per row (the config the tuner tries for few rows), on one row.
     x = torch.randn(1, 1200)
-    config = {"COOP": False, "TILE": 128, "SPLIT": 1, "SS": 128, "FT_MAX": 256, "SMS": 4,
-              "EXACT": True}
+    config = {"coop": False, "tile": 128, "one_program_per_row": True,
+              "samples_per_block_max": 128, "finish_tile_max": 256, "sm_count": 4,
+              "exact_sizes": True}
     plan, call, backend = plan_of(x, 15, config)
     assert plan.mode == "fused"
     values, indices = backend.run(call, config)
@@ -223,6 +224,54 @@ def test_radix_every_config(cpu_triton):
         values, indices = backend.run(call, cfg)
         assert same_values(values, ref.values), cfg
         assert same_values(torch.gather(x, 1, indices), values), cfg
+
+
+# Configs as the tune cache stored them before each tunable had one name (the config key, the
+# plan field and the kernel parameter): the interpreter's configs of each Triton backend.
+OLD_CONFIGS = {
+    "radix": {"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "SMS": 4,
+              "EXACT": True},
+    "tournament": {"TILE": 64, "CANDIDATES": 512, "CHUNK_MIN": 128, "MAXP": 128, "PPS": 2,
+                   "FINISH": 1024},
+    "maxima": {"G": 8, "G_MIN": 2, "TILE": 64, "S_MAX": 256, "GT2_MAX": 64, "GATHER": 32,
+               "FT": 256, "PPS2": 1, "COOP": False, "UB": 64, "TPP": 2},
+    "bitonic": {"ROWS": 2, "num_warps": 4},
+}
+
+
+def test_configs_under_old_names_are_measured_again_never_misread(cpu_triton, monkeypatch):
+    """A tune record written under the old names is filed under the old source hash (every
+    backend module changed with the names), so it is skipped for that alone. Even filed under
+    today's hash, its config is not one the backend offers: it is ignored with a warning, the
+    model decides until tuning measures again, and no kernel runs with it; a plan refuses the
+    old keys outright (they would otherwise read as defaults, a config that never ran)."""
+    from opselect.dispatch import op as dispatch_op
+    from opselect.errors import CacheWarning
+    from opselect.tune_cache import store
+
+    monkeypatch.setattr(dispatch_op, "_foreign_configs_told", set())
+    x = torch.randn(2, 2600)
+    call = K.prepare(x, 40)
+    able = [c.name for c in K.OP.plan(call) if c.supported]
+    assert set(OLD_CONFIGS) <= set(able)
+    store().put_timings("topk", call.info, call.key[1:], {
+        name: (1e-9, OLD_CONFIGS[name], K.OP.backend(name).source_hash) for name in OLD_CONFIGS})
+    with pytest.warns(CacheWarning, match="that the backend does not offer") as told:
+        decision = K.OP.decide(call)
+    warned = {re.search(r"config of topk/(\w+) ", str(w.message))[1] for w in told}
+    assert warned == set(OLD_CONFIGS)
+    for name in OLD_CONFIGS:
+        assert decision.candidate(name).measured_s is None, name
+    assert decision.source == "model"
+    assert decision.config in [dict(c) for c in K.OP.backend(decision.choice).configs(call)]
+    for name, old in OLD_CONFIGS.items():
+        with pytest.raises(InvalidArgument, match="are not this backend's"):
+            K.OP.backend(name).run(call, old)
+    # Today's names run.
+    ref = torch.topk(x, 40)
+    for name in OLD_CONFIGS:
+        values, _ = K.OP.backend(name).run(call, K.OP.backend(name).configs(call)[0])
+        assert same_values(values, ref.values), name
 
 
 def test_radix_threshold_is_the_answer(cpu_triton):
@@ -270,7 +319,8 @@ def test_radix_long_survivor_lists(cpu_triton):
     x = torch.randn(1, 6000)
     call = K.prepare(x, 300)
     backend = K.OP.backend("radix")
-    cfg = {"COOP": False, "TILE": 256, "PPS": 2, "SS": 128, "FT_MAX": 512, "EXACT": True}
+    cfg = {"coop": False, "tile": 256, "programs_per_sm": 2, "samples_per_block_max": 128,
+           "finish_tile_max": 512, "exact_sizes": True}
     plan = K.OP.backend("radix").plan(call, cfg)
     assert plan.mode == "split" and plan.survivor_capacity > plan.finish_tile
     values, indices = backend.run(call, cfg)
@@ -318,7 +368,8 @@ def test_radix_one_launch_gives_up_waiting(cpu_triton, monkeypatch):
         monkeypatch.setattr(module, "SPIN_LIMIT", tl.constexpr(3))
     x = torch.randn(1, 2400)
     call = K.prepare(x, 40)
-    cfg = {"COOP": True, "TILE": 256, "SS": 128, "FT_MAX": 512, "SMS": 2, "EXACT": True}
+    cfg = {"coop": True, "tile": 256, "samples_per_block_max": 128, "finish_tile_max": 512,
+           "sm_count": 2, "exact_sizes": True}
     plan = K.OP.backend("radix").plan(call, cfg)
     assert plan.mode == "coop" and plan.programs_per_row == 2
     try:
@@ -425,14 +476,15 @@ def test_tournament_plans_stay_in_bounds():
     for R, N, k in [(1, 16_000_000, 64), (1, 16_000_000, 1), (1, 130_000_000, 1),
                     (64, 128000, 50), (4096, 32000, 50), (256, 50000, 1), (1024, 4096, 32),
                     (1, (1 << 31) + 4097, 1), (16, 1 << 20, 256), (3, 100, 100)]:
-        for cfg in ({}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": 4}):
+        for cfg in ({}, {"tile_max": 4096, "candidates_max": 4096}, {"num_warps": 4}):
             p = K_tournament.tournament_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.reason:
                 continue
             assert (p.programs_per_row - 1) * p.chunk < N <= p.programs_per_row * p.chunk
             assert p.chunk % p.tile == 0
             assert p.chunk // p.group <= p.group_maxima_slots <= 8192 and p.hot_groups >= 2 * k
-            assert p.hot_groups * p.group <= cfg.get("CANDIDATES", 2048) and p.tile % p.group == 0
+            assert p.hot_groups * p.group <= cfg.get("candidates_max", 2048)
+            assert p.tile % p.group == 0
             assert p.programs_per_row == 1 or p.programs_per_row * k <= p.finish_tile <= K_tournament.TOURNAMENT_FINISH_MAX
     assert K_tournament.tournament_plan(1, 16_000_000, 64, torch.float32, True, 132, {}).reason is None
     assert K_tournament.tournament_plan(1, (1 << 31) + 4097, 1, torch.float32, True, 132, {}).reason is None
@@ -459,7 +511,7 @@ def test_maxima_coop_ranking(cpu_triton):
     # candidates. The interpreter runs programs one after another, so only a row with one
     # program in launch 2 can wait here (rows of several programs: gpu tests).
     x = random_input((3, 2000), torch.float32, seed=4)
-    config = dict(configs_of("maxima", x, 25)[0], COOP=True, SMS=3)
+    config = dict(configs_of("maxima", x, 25)[0], coop=True, sm_count=3)
     plan = run_forced("maxima", x, 25, config)
     assert plan.coop and plan.select_programs_per_row == 1
     run_forced("maxima", x, 25, config, largest=False)
@@ -473,9 +525,9 @@ def test_maxima_coop_gives_up_waiting(cpu_triton, monkeypatch):
     for module in (K_radix, K_maxima):
         monkeypatch.setattr(module, "SPIN_LIMIT", tl.constexpr(3))
     x = torch.randn(1, 3000)
-    config = dict(configs_of("maxima", x, 40)[0], COOP=True, SMS=2, UB=16)
+    config = dict(configs_of("maxima", x, 40)[0], coop=True, sm_count=2, rivals_per_step=16)
     plan = run_forced("maxima", x, 40, config)
-    assert plan.coop and plan.select_programs_per_row == 2  # (UB=16: candidates re-read 16 at a time)
+    assert plan.coop and plan.select_programs_per_row == 2  # (candidates re-read 16 at a time)
 
 
 @pytest.mark.slow  # (make test-all; see the Makefile)
@@ -485,7 +537,7 @@ def test_maxima_survivor_overflow_takes_the_whole_row(cpu_triton, dtype):
     # maximum) lets through far more than the buffer holds; the last program selects from the
     # whole row (64-bit keys come back unordered and torch.sort orders them).
     x = torch.arange(4000, dtype=dtype).reshape(1, -1)
-    config = dict(configs_of("maxima", x, 30)[0], CAP=40)
+    config = dict(configs_of("maxima", x, 30)[0], survivor_capacity=40)
     run_forced("maxima", x, 30, config)
     run_forced("maxima", x, 30, config, largest=False)
     run_forced("maxima", x.flip(-1), 30, config, sorted=False)
@@ -544,7 +596,7 @@ def test_maxima_plans_stay_in_bounds():
                     (64, 128000, 50), (4096, 32000, 50), (256, 50000, 1), (1024, 4096, 32),
                     (1, (1 << 31) + 4097, 1), (16, 1 << 20, 1000), (1, 100_000, 1024),
                     (7, 9000, 8), (1, (1 << 32) - 1, 1024)]:
-        for cfg in ({}, {"RHO": 2, "G": 128}, {"TILE": 4096}):
+        for cfg in ({}, {"supergroups_per_k": 2, "group": 128}, {"tile": 4096}):
             p = K_maxima.maxima_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.reason:
                 continue
@@ -923,8 +975,8 @@ def test_cost_model_prefers_the_right_kernel():
 
 
 @pytest.mark.parametrize("shape,backend,first", [
-    ((1054, 63630), "maxima", {"TILE": 4096}),  # two rows or more an SM
-    ((8609, 4354), "maxima", {"TILE": 4096}),
+    ((1054, 63630), "maxima", {"tile": 4096}),  # two rows or more an SM
+    ((8609, 4354), "maxima", {"tile": 4096}),
     ((1, 5_742_833), "maxima", {}),  # few rows: the plain 8192
     ((64, 128000), "maxima", {}),
     ((4096, 32000), "tournament", {}),  # 8192 x 2048, many rows or few
@@ -943,7 +995,8 @@ def test_radix_plans_stay_in_bounds():
     for R, N, k in [(1, 16_000_000, 1024), (1, 16_000_000, 1), (1, 130_000_000, 16384),
                     (64, 128000, 50), (4096, 32000, 50), (16, 1 << 20, 2048), (3, 9000, 8000),
                     (1, (1 << 31) + 5, 10), (200, 100_000, 64)]:
-        for cfg in ({"COOP": True}, {"COOP": False, "TILE": 4096, "PPS": 4}, {"FUSED_TILE": 4096}):
+        for cfg in ({"coop": True}, {"coop": False, "tile": 4096, "programs_per_sm": 4},
+                    {"fused_tile": 4096}):
             p = K_radix.radix_plan(R, N, k, torch.float32, True, 132, cfg)
             if p.mode == "coop":
                 assert R * p.programs_per_row <= 132  # every program of the grid resident at once
@@ -957,7 +1010,7 @@ def test_radix_plans_stay_in_bounds():
                 assert p.k_padded in (64, 1024)
                 assert p.finish_tile in (256, 1024, 4096, 8192)
                 assert (p.programs_per_row - 1) * p.tiles_per_program * p.tile < N <= p.programs_per_row * p.tiles_per_program * p.tile
-                assert p.finish_tile <= 512 * p.warps
+                assert p.finish_tile <= 512 * p.num_warps
             assert p.expected_survivors <= N
 
 

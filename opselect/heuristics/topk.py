@@ -277,7 +277,7 @@ def radix(call, model, plan):
     alu = R * N * FILTER_OPS / (sms * ALU_PER_SM)
     finish = _finisher(plan, key_bits, plan.expected_survivors)
     notes: tuple[str, ...] = ()
-    waves = math.ceil(R / (sms * max(1, WARPS_PER_SM // plan.warps)))
+    waves = math.ceil(R / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
     if plan.mode == "direct":
         host += BOUND_LAUNCH + _alloc(2, model)
         parts["memory"] = memory
@@ -317,7 +317,7 @@ def tournament(call, model, plan):
         host += 0.5 * model.torch_launch  # the zeroed tickets (a memset)
     host += _glue_host(call, model)
     programs = R * plan.programs_per_row
-    waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.warps)))
+    waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
     # The input once, the group maxima written and read back (through L2, often not DRAM),
     # at the rate the resident warps stream it.
     memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.group_maxima_slots * 4)
@@ -326,7 +326,7 @@ def tournament(call, model, plan):
     # slow). Rows split over several programs keep that average, on which the rate was fitted
     # (whole SMs made single rows of 1e5-1e6 too fast: fits/topk.md#tournament).
     busy = programs / sms if plan.programs_per_row > 1 else max(1.0, programs / sms)
-    resident = min(busy, max(1, WARPS_PER_SM // plan.warps)) * plan.warps
+    resident = min(busy, max(1, WARPS_PER_SM // plan.num_warps)) * plan.num_warps
     streamed = R * N * s / (min(programs, sms) * resident * TOURNAMENT_WARP_BANDWIDTH)
     parts["memory"] = max(memory, streamed)
     # Per program: the cut among the maxima, the hot groups re-read, their k largest.
@@ -402,7 +402,7 @@ def bitonic(call, model, plan):
     npow = 1 << max(0, (N - 1).bit_length())
     kpow = 1 << max(0, (k - 1).bit_length())
     sms = max(1, model.sm_count)
-    per_row = bitonic_rounds(npow, kpow) * BITONIC_ROUND_S * (plan.warps / 16) ** 0.25
+    per_row = bitonic_rounds(npow, kpow) * BITONIC_ROUND_S * (plan.num_warps / 16) ** 0.25
     # A program's rows run on one SM: few rows leave most of the chip idle, far from the
     # whole chip's share of the work (fits/topk.md#bitonic).
     rows = plan.rows_per_program

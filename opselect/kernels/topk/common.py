@@ -4,15 +4,17 @@ class of the planned backends."""
 
 from __future__ import annotations
 
+import inspect
 
 import torch
 import triton
 import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
-from ...errors import OpselectError
+from ...errors import InvalidArgument, OpselectError
 from ...switches import enabled
-from .call import PreparedRuns, TopkCall
+from .._common import Launcher
+from .call import PreparedRuns, TopkCall, _reader
 
 
 # The one-launch radix mode has the programs of a row wait for each other; it keeps the grid
@@ -38,12 +40,12 @@ MAX_ROW = (1 << 32) - 1
 # Kernels: keys and helpers
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _order_key(x, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
+def _order_key(x, is_float: tl.constexpr, flip, key64: tl.constexpr):
     """A signed integer key whose order is the order topk selects in: a larger key is taken
     first. Floats: flip the magnitude bits of negatives (sign-magnitude -> two's complement),
     one key for +-0.0 and one for every NaN, above +inf. flip: 0, or -1 for largest=False
     (a run-time value, so both directions share one compiled kernel)."""
-    if IS_FLOAT:
+    if is_float:
         if x.dtype == tl.float64:
             bits = x.to(tl.int64, bitcast=True)
             key = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
@@ -60,7 +62,7 @@ def _order_key(x, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
         key = tl.where(x != x, nan_key, key)
     else:
         key = x
-    if KEY64:
+    if key64:
         key = key.to(tl.int64)
     else:
         key = key.to(tl.int32)
@@ -68,8 +70,8 @@ def _order_key(x, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
 
 
 @triton.jit
-def _key_limits(KEY64: tl.constexpr):
-    if KEY64:
+def _key_limits(key64: tl.constexpr):
+    if key64:
         lowest = -9223372036854775807 - 1
         highest = 9223372036854775807
     else:
@@ -79,10 +81,10 @@ def _key_limits(KEY64: tl.constexpr):
 
 
 @triton.jit
-def _typed(ws_ptr, offset, KEY: tl.constexpr, KEY64: tl.constexpr):
+def _typed(ws_ptr, offset, KEY: tl.constexpr, key64: tl.constexpr):
     """A pointer into the int64 workspace, retyped: KEY=True gives the key dtype, else int32."""
     p = ws_ptr + offset
-    if KEY and KEY64:
+    if KEY and key64:
         q = p
     else:
         q = p.to(tl.pointer_type(tl.int32))
@@ -152,23 +154,23 @@ def _kth(key, ok, k, lo, hi):
 
 @triton.jit
 def _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input,
-              FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip, KEY64: tl.constexpr):
-    """FT entries of a selection source from `start`: the row itself (from_input), or a
+              finish_tile: tl.constexpr, is_float: tl.constexpr, flip, key64: tl.constexpr):
+    """finish_tile entries of a selection source from `start`: the row itself (from_input), or a
     survivor buffer (key and index packed in an int64; 64-bit keys keep the index apart).
     from_input is a run-time flag, so the selection code is compiled once for both sources.
     Lanes use 32-bit offsets from a 64-bit scalar base; the index is returned as its low 32 bits
     (rows are shorter than 2^32). `unit` (1, unknown to the compiler) keeps one element per
     thread per access, the layout of the scattered winner stores (see _filter_chunk)."""
     unit = (C >= 0).to(tl.int32)
-    lane = tl.arange(0, FT) * unit
-    ok = lane < tl.maximum(tl.minimum(C - start, FT), 0).to(tl.int32)
+    lane = tl.arange(0, finish_tile) * unit
+    ok = lane < tl.maximum(tl.minimum(C - start, finish_tile), 0).to(tl.int32)
     if from_input:
         x = tl.load(x_ptr + row_off + start + lane, mask=ok, other=0)
-        key = _order_key(x, IS_FLOAT, flip, KEY64)
+        key = _order_key(x, is_float, flip, key64)
         idx = (start + tl.zeros([], tl.int64)).to(tl.int32) + lane  # low 32 bits
     else:
         # .cg: survivors written by other programs of this launch are read from L2, not L1.
-        if KEY64:
+        if key64:
             key = tl.load(sbuf + start + lane, mask=ok, other=0, cache_modifier=".cg")
             idx = tl.load(sidx + start + lane, mask=ok, other=0, cache_modifier=".cg")
         else:
@@ -191,8 +193,8 @@ def _store_winners(out_row, slot, take, key, idx, PACK: tl.constexpr):
 
 @triton.jit
 def _select(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
-            PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
-            KEY64: tl.constexpr):
+            PACK: tl.constexpr, finish_tile: tl.constexpr, is_float: tl.constexpr, flip,
+            key64: tl.constexpr):
     """Write the k largest keys of a source of C entries (k <= C) to out_row[0:k], unordered.
 
     K = the k-th largest key is found by a 4-ary search on the key value between lo (a key with
@@ -200,32 +202,32 @@ def _select(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
     counts per step (one reduction), so about log4(range) steps. Then every key > K is taken and
     the first k - #{key > K} keys equal to K. A source that fits one tile stays in registers; a
     longer one is re-read tile by tile (the rare, slow path)."""
-    if C <= FT:
-        _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK, FT,
-                     IS_FLOAT, flip, KEY64)
+    if C <= finish_tile:
+        _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK, finish_tile,
+                     is_float, flip, key64)
     else:
         # The slow path streams smaller tiles: a quarter of the code to compile, the same
         # bandwidth (it is bound by one program's loads anyway).
         _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row, PACK,
-                      max(FT // 4, 256), IS_FLOAT, flip, KEY64)
+                      max(finish_tile // 4, 256), is_float, flip, key64)
 
 
 @triton.jit
 def _select_tile(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
-                 PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
-                 KEY64: tl.constexpr):
-    lowest, highest = _key_limits(KEY64)
-    key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, 0, C, from_input, FT, IS_FLOAT, flip,
-                             KEY64)
+                 PACK: tl.constexpr, finish_tile: tl.constexpr, is_float: tl.constexpr, flip,
+                 key64: tl.constexpr):
+    lowest, highest = _key_limits(key64)
+    key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, 0, C, from_input, finish_tile, is_float,
+                             flip, key64)
     lo = tl.where(from_input, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64), lo)
-    _take_k(key, idx, ok, k, lo, out_row, PACK, KEY64)
+    _take_k(key, idx, ok, k, lo, out_row, PACK, key64)
 
 
 @triton.jit
-def _take_k(key, idx, ok, k, lo, out_row, PACK: tl.constexpr, KEY64: tl.constexpr):
+def _take_k(key, idx, ok, k, lo, out_row, PACK: tl.constexpr, key64: tl.constexpr):
     """Write the k largest valid keys of a 1-d register tile to out_row[0:k], unordered (lo: an
     int64 key with at least k valid keys >= it): every key above the cut, then enough ties."""
-    lowest, highest = _key_limits(KEY64)
+    lowest, highest = _key_limits(key64)
     hi = tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64)
     cut = _kth(key, ok, k, lo, hi).to(key.dtype)
     gt = ok & (key > cut)
@@ -239,14 +241,14 @@ def _take_k(key, idx, ok, k, lo, out_row, PACK: tl.constexpr, KEY64: tl.constexp
 
 @triton.jit
 def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
-                  PACK: tl.constexpr, FT: tl.constexpr, IS_FLOAT: tl.constexpr, flip,
-                  KEY64: tl.constexpr):
-    lowest, highest = _key_limits(KEY64)
+                  PACK: tl.constexpr, finish_tile: tl.constexpr, is_float: tl.constexpr, flip,
+                  key64: tl.constexpr):
+    lowest, highest = _key_limits(key64)
     hi = tl.full([], lowest, tl.int64)
     lo_in = tl.full([], highest, tl.int64)
-    for start in range(0, C, FT):
-        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
-                                 IS_FLOAT, flip, KEY64)
+    for start in range(0, C, finish_tile):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, finish_tile,
+                                 is_float, flip, key64)
         hi = tl.maximum(hi, tl.max(tl.where(ok, key, lowest), axis=0).to(tl.int64))
         lo_in = tl.minimum(lo_in, tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64))
     lo = tl.where(from_input, lo_in, lo)
@@ -258,25 +260,25 @@ def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
         c1 = tl.full([], 0, tl.int64)
         c2 = tl.full([], 0, tl.int64)
         c3 = tl.full([], 0, tl.int64)
-        for start in range(0, C, FT):
-            key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
-                                     IS_FLOAT, flip, KEY64)
+        for start in range(0, C, finish_tile):
+            key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, finish_tile,
+                                     is_float, flip, key64)
             t1, t2, t3 = _count3(key, ok, m1, m2, m3)
             c1 += t1
             c2 += t2
             c3 += t3
         lo, hi, c_lo = _narrow(lo, hi, c_lo, k, k, c1, c2, c3, m1, m2, m3)
     n_above = tl.full([], 0, tl.int64)
-    for start in range(0, C, FT):
-        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
-                                 IS_FLOAT, flip, KEY64)
+    for start in range(0, C, finish_tile):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, finish_tile,
+                                 is_float, flip, key64)
         n_above += tl.sum((ok & (key > lo.to(key.dtype))).to(tl.int32), axis=0)
     quota = k - n_above
     gt_base = tl.full([], 0, tl.int64)
     eq_base = tl.full([], 0, tl.int64)
-    for start in range(0, C, FT):
-        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, FT,
-                                 IS_FLOAT, flip, KEY64)
+    for start in range(0, C, finish_tile):
+        key, idx, ok = _src_tile(x_ptr, row_off, sbuf, sidx, start, C, from_input, finish_tile,
+                                 is_float, flip, key64)
         kth = lo.to(key.dtype)
         gt = ok & (key > kth)
         eq = ok & (key == kth)
@@ -291,11 +293,11 @@ def _select_tiles(x_ptr, row_off, sbuf, sidx, C, k, lo, from_input, out_row,
 
 @triton.jit
 def _write_out(x_ptr, row_off, idx_row, val_row, k,
-               SORT: tl.constexpr, KP: tl.constexpr, FT: tl.constexpr):
-    """out_row holds the k winners (packed key|index when SORT); sort them if asked, then read
+               sort: tl.constexpr, k_padded: tl.constexpr, finish_tile: tl.constexpr):
+    """out_row holds the k winners (packed key|index when sort); sort them if asked, then read
     their values back from the input (exact values, whatever the key canonicalised)."""
-    if SORT:
-        j = tl.arange(0, KP)
+    if sort:
+        j = tl.arange(0, k_padded)
         ok = j < k
         e = tl.load(idx_row + j, mask=ok, other=-9223372036854775807 - 1)
         e = tl.sort(e, descending=True)
@@ -305,8 +307,8 @@ def _write_out(x_ptr, row_off, idx_row, val_row, k,
         tl.store(idx_row + j, idx, mask=ok)
         tl.store(val_row + j, v, mask=ok)
     else:
-        for start in range(0, k, FT):
-            j = start + tl.arange(0, FT)
+        for start in range(0, k, finish_tile):
+            j = start + tl.arange(0, finish_tile)
             ok = j < k
             idx = tl.load(idx_row + j, mask=ok, other=0)
             v = tl.load(x_ptr + row_off + idx, mask=ok)
@@ -314,10 +316,12 @@ def _write_out(x_ptr, row_off, idx_row, val_row, k,
 
 
 @triton.jit
-def _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, CAP, EQ_CAP, KEY64: tl.constexpr):
-    """The row's survivor buffer: int64 slots [0, CAP) for keys > T and [CAP, CAP + EQ_CAP) for
-    keys == T (key << 32 | index), plus an int32 index array when keys are 64-bit."""
-    row = r64 * (CAP + EQ_CAP)
+def _row_buffers(ws_ptr, off_sbuf, off_sidx, r64, survivor_capacity, tie_capacity,
+                 key64: tl.constexpr):
+    """The row's survivor buffer: int64 slots [0, survivor_capacity) for keys > T and
+    [survivor_capacity, survivor_capacity + tie_capacity) for keys == T (key << 32 | index),
+    plus an int32 index array when keys are 64-bit."""
+    row = r64 * (survivor_capacity + tie_capacity)
     sbuf = ws_ptr + off_sbuf + row
     sidx = (ws_ptr + off_sidx).to(tl.pointer_type(tl.int32)) + row
     return sbuf, sidx
@@ -327,13 +331,49 @@ def _key64(dtype: torch.dtype) -> bool:
     return dtype.itemsize == 8
 
 
+def _row_stride(call: TopkCall) -> int:
+    """The stride between the rows the kernels of adjacent elements read (the input's own, or
+    that of the contiguous copy _reader makes)."""
+    return _reader(call, unit_col=True)[1]
+
+
+def plan_launcher(kernel, num_warps: str = "num_warps", **options: str) -> Launcher:
+    """The Launcher of a kernel whose spec is its backend's plan: each constexpr parameter is
+    the plan's field of the same name (the name a config gives it too: one name from the tune
+    cache to the kernel), num_warps and any other launch option (launch_pdl) the plan field
+    named here."""
+    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
+                  if "constexpr" in str(param.annotation))
+    fields = {"num_warps": num_warps, **options}
+
+    def constexprs(plan) -> dict:
+        out = {name: getattr(plan, name) for name in names}
+        out.update((option, getattr(plan, name)) for option, name in fields.items())
+        return out
+
+    return Launcher(kernel, constexprs)
+
+
+def check_config(backend: str, config, known: frozenset) -> None:
+    """Refuse a config with a key its backend's plan does not read. A config is data from the
+    tune cache (written by an older opselect, under older names) or from a script; a plan that
+    ignored an unknown key would run its defaults in the key's place, and a timing would be
+    filed under a config that never ran."""
+    unknown = set(config) - known
+    if unknown:
+        raise InvalidArgument(f"topk {backend}: config keys {sorted(unknown)} are not this "
+                              f"backend's (it reads {', '.join(sorted(known))})")
+
+
 class _PlannedBackend(PreparedRuns, PlannedBackend):
     """A topk backend whose launches follow a plan made from the call's rows, row length, k,
-    dtype and order flag, the SM count and a config (memoised: dispatch.backend.PlannedBackend);
-    the plan object is also the Launchers' spec and the cost model's input."""
+    dtype, order flags and row stride, the SM count and a config (memoised:
+    dispatch.backend.PlannedBackend); the plan object is the Launchers' whole spec and the cost
+    model's input."""
 
     def plan_facts(self, call: TopkCall) -> tuple:
-        return (call.R, call.N, call.k, call.input.dtype, call.sorted)
+        return (call.R, call.N, call.k, call.input.dtype, call.sorted, call.largest,
+                _row_stride(call))
 
     def _checked_plan(self, call: TopkCall, config: dict):
         """The call's plan; a plan that refuses the call raises with its reason."""

@@ -11,76 +11,78 @@ import triton
 import triton.language as tl
 
 from ...heuristics import topk as cost
-from .._common import Launcher, allocator, cdiv, next_pow2
+from .._common import allocator, cdiv, next_pow2
 from .call import TopkCall, _output_maker, _output_finisher, _reader
-from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _select, _take_k,
-                     _write_out)
+from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _row_stride,
+                     _select, _take_k, _write_out, check_config, plan_launcher)
 
 
 # ---------------------------------------------------------------------------------------------
 # Kernels: tournament
 # ---------------------------------------------------------------------------------------------
-# N, row_stride and CPP stay specialised: their divisibility by 16 gives the tiles 16-byte loads.
-@triton.jit(do_not_specialize=["k", "NB", "flip", "off_max", "off_hot", "off_cand"])
+# N, row_stride and chunk stay specialised: divisible by 16, they give the tiles 16-byte loads.
+@triton.jit(do_not_specialize=["k", "programs_per_row", "flip", "off_max", "off_hot", "off_cand"])
 def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_ptr,
-                       N, row_stride, k, CPP, NB, flip,
-                       SHARED: tl.constexpr, G: tl.constexpr, TILE: tl.constexpr,
-                       MAXP: tl.constexpr, HOT: tl.constexpr, FT: tl.constexpr,
-                       SORT: tl.constexpr, KP: tl.constexpr, IS_FLOAT: tl.constexpr):
-    """Program p of row r takes the chunk [p * CPP, (p + 1) * CPP) of the row and its share kc
+                       N, row_stride, k, chunk, programs_per_row, flip,
+                       shared: tl.constexpr, group: tl.constexpr, tile: tl.constexpr,
+                       group_maxima_slots: tl.constexpr, hot_groups: tl.constexpr,
+                       finish_tile: tl.constexpr, sort: tl.constexpr, k_padded: tl.constexpr,
+                       is_float: tl.constexpr):
+    """Program p of row r takes the chunk [p * chunk, (p + 1) * chunk) of the row and its share kc
     = min(k, chunk length) of k:
 
-      1. stream the chunk once, keeping only the maximum key of each group of G elements;
+      1. stream the chunk once, keeping only the maximum key of each group (`group` elements);
       2. T = the kc-th largest group maximum. Then at least kc elements reach T (one per group),
          so the chunk's kc largest all reach T and lie in the kc groups whose maximum does
          ("hot" groups; more only where maxima tie at T);
-      3. gather the hot groups (HOT * G elements, from L2) and select their kc largest.
+      3. gather the hot groups (hot_groups * group elements, from L2), select their kc largest.
 
     No sample, no margin, no wait: the cut is exact by construction. With several programs per
-    row (SHARED) each writes its winners (key << 32 | index) to the row's candidate list and
-    the last to finish (a ticket) selects the row's k from those NB * k. Too many hot groups
-    (many maxima equal to T) send the chunk to the whole-chunk selection: slow, always exact.
-    Keys of at most 32 bits, k <= HOT / 2."""
+    row (shared) each writes its winners (key << 32 | index) to the row's candidate list and
+    the last to finish (a ticket) selects the row's k from those programs_per_row * k. Too many
+    hot groups (many maxima equal to T) send the chunk to the whole-chunk selection: slow,
+    always exact.
+    Keys of at most 32 bits, k <= hot_groups / 2."""
     r = tl.program_id(0)
     p = tl.program_id(1)
     r64 = r.to(tl.int64)
     row_off = r64 * row_stride
-    start = p.to(tl.int64) * CPP
-    n_here = tl.minimum(N - start, CPP).to(tl.int32)
-    prog = r64 * NB + p
+    start = p.to(tl.int64) * chunk
+    n_here = tl.minimum(N - start, chunk).to(tl.int32)
+    prog = r64 * programs_per_row + p
     lowest, highest = _key_limits(False)
     chunk_ptr = x_ptr + row_off + start
     # 1. group maxima, tile by tile (the next tile's load in flight), to the workspace.
-    GT: tl.constexpr = TILE // G
-    group = tl.arange(0, GT)
-    cols = tl.arange(0, G)
-    lane = group[:, None] * G + cols[None, :]
-    maxima = (ws_ptr + off_max).to(tl.pointer_type(tl.int32)) + prog * MAXP
-    ntiles = tl.cdiv(n_here, TILE)
+    GT: tl.constexpr = tile // group
+    group_ids = tl.arange(0, GT)
+    cols = tl.arange(0, group)
+    lane = group_ids[:, None] * group + cols[None, :]
+    maxima = (ws_ptr + off_max).to(tl.pointer_type(tl.int32)) + prog * group_maxima_slots
+    ntiles = tl.cdiv(n_here, tile)
     x = tl.load(chunk_ptr + lane, mask=lane < n_here, other=0)
     for t in range(ntiles):
-        base = t * TILE
-        ahead = tl.where(t + 1 < ntiles, n_here - base - TILE, 0)
-        x_next = tl.load(chunk_ptr + base + TILE + lane, mask=lane < ahead, other=0)
-        key = tl.where(lane < n_here - base, _order_key(x, IS_FLOAT, flip, False), lowest)
-        tl.store(maxima + t * GT + group, tl.max(key, axis=1))
+        base = t * tile
+        ahead = tl.where(t + 1 < ntiles, n_here - base - tile, 0)
+        x_next = tl.load(chunk_ptr + base + tile + lane, mask=lane < ahead, other=0)
+        key = tl.where(lane < n_here - base, _order_key(x, is_float, flip, False), lowest)
+        tl.store(maxima + t * GT + group_ids, tl.max(key, axis=1))
         x = x_next
     tl.debug_barrier()  # every thread's maxima are stored before any thread reads them
     # 2. the cut among the group maxima (all groups are hot when there are few).
-    ngroups = tl.cdiv(n_here, G)
+    ngroups = tl.cdiv(n_here, group)
     kc = tl.minimum(k, n_here)
-    j = tl.arange(0, MAXP)
+    j = tl.arange(0, group_maxima_slots)
     okm = j < ngroups
     mx = tl.load(maxima + j, mask=okm, other=lowest)
     T = tl.full([], lowest, tl.int32)
-    if ngroups > HOT:
+    if ngroups > hot_groups:
         lo = tl.min(tl.where(okm, mx, highest), axis=0).to(tl.int64)
         hi = tl.max(tl.where(okm, mx, lowest), axis=0).to(tl.int64)
-        # Any cut that kc to HOT maxima reach will do: the search stops at the first.
-        T = _cut(mx, okm, kc, HOT, lo, hi).to(tl.int32)
+        # Any cut that kc to hot_groups maxima reach will do: the search stops at the first.
+        T = _cut(mx, okm, kc, hot_groups, lo, hi).to(tl.int32)
     hot = okm & (mx >= T)
     n_hot = tl.sum(hot.to(tl.int32), axis=0)
-    if n_hot > HOT:
+    if n_hot > hot_groups:
         # Many maxima tie at T (a few distinct values in the row); T is then the kc-th largest
         # maximum, so fewer than kc groups lie above it. Those, plus enough of the tied groups
         # to make kc, hold the chunk's kc largest: every element above T, and at least one
@@ -88,35 +90,35 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
         # torch). Before, the chunk went to the whole-chunk selection, 6-12x slower.
         above = okm & (mx > T)
         tied = okm & (mx == T)
-        room = HOT - tl.sum(above.to(tl.int32), axis=0)
+        room = hot_groups - tl.sum(above.to(tl.int32), axis=0)
         hot = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= room))
         n_hot = tl.sum(hot.to(tl.int32), axis=0)
-    if SHARED:
+    if shared:
         dest = ws_ptr + off_cand + prog * k
     else:
         dest = idx_ptr + r64 * k
-    C: tl.constexpr = HOT * G
-    if n_hot <= HOT:
+    C: tl.constexpr = hot_groups * group
+    if n_hot <= hot_groups:
         # 3. the hot groups' elements (read again, from L2), and their kc largest.
-        hots = (ws_ptr + off_hot).to(tl.pointer_type(tl.int32)) + prog * HOT
+        hots = (ws_ptr + off_hot).to(tl.pointer_type(tl.int32)) + prog * hot_groups
         tl.store(hots + tl.cumsum(hot.to(tl.int32), axis=0) - 1, j, mask=hot)
         tl.debug_barrier()
-        h = tl.arange(0, HOT)
+        h = tl.arange(0, hot_groups)
         gid = tl.load(hots + h, mask=h < n_hot, other=0)
-        pos = gid[:, None] * G + cols[None, :]
+        pos = gid[:, None] * group + cols[None, :]
         okc = (h < n_hot)[:, None] & (pos < n_here)
-        key = _order_key(tl.load(chunk_ptr + pos, mask=okc, other=0), IS_FLOAT, flip, False)
+        key = _order_key(tl.load(chunk_ptr + pos, mask=okc, other=0), is_float, flip, False)
         key = tl.reshape(key, [C])
         okc = tl.reshape(okc, [C])
         idx = tl.reshape(pos, [C]) + start.to(tl.int32)  # low 32 bits of the row index
-        if SHARED:
+        if shared:
             _take_k(key, idx, okc, kc, T.to(tl.int64), dest, True, False)
         else:
-            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, SORT, False)
+            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, sort, False)
     else:
-        if SHARED:
+        if shared:
             _select(chunk_ptr, 0, ws_ptr, ws_ptr, n_here, kc, tl.full([], 0, tl.int64), True,
-                    dest, True, C, IS_FLOAT, flip, False)
+                    dest, True, C, is_float, flip, False)
             # The whole-chunk selection numbers elements from the chunk's start.
             tl.debug_barrier()
             for s0 in range(0, kc, C):
@@ -125,43 +127,43 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
                 tl.store(dest + e, v + start, mask=e < kc)
         else:
             _select(chunk_ptr, 0, ws_ptr, ws_ptr, n_here, kc, tl.full([], 0, tl.int64), True,
-                    dest, SORT, C, IS_FLOAT, flip, False)
+                    dest, sort, C, is_float, flip, False)
     tl.debug_barrier()  # the winners written by all threads are visible to all threads
-    if SHARED:
+    if shared:
         ticket = tl.atomic_add(ws_ptr.to(tl.pointer_type(tl.int32)) + r64, 1, sem="acq_rel")
-        if ticket == NB - 1:
-            # The row's last program: the k largest of the NB lists (list q holds
-            # min(k, length of chunk q) winners; a chunk is CPP long but the last). The slots
-            # past a list's count were never written: reading them took garbage for winners.
-            c = tl.arange(0, FT)
+        if ticket == programs_per_row - 1:
+            # The row's last program: the k largest of the programs_per_row lists (list q holds
+            # min(k, length of chunk q) winners; every chunk but the last is `chunk` long). The
+            # slots past a list's count were never written: reading them took garbage for
+            # winners.
+            c = tl.arange(0, finish_tile)
             owner = c // k
-            chunk_len = tl.minimum(N - owner.to(tl.int64) * CPP, CPP)
-            ok = (owner < NB) & (c - owner * k < tl.minimum(chunk_len, k))
-            v = tl.load(ws_ptr + off_cand + r64 * NB * k + c, mask=ok, other=0,
+            chunk_len = tl.minimum(N - owner.to(tl.int64) * chunk, chunk)
+            ok = (owner < programs_per_row) & (c - owner * k < tl.minimum(chunk_len, k))
+            v = tl.load(ws_ptr + off_cand + r64 * programs_per_row * k + c, mask=ok, other=0,
                         cache_modifier=".cg")
             key = (v >> 32).to(tl.int32)
             lo = tl.min(tl.where(ok, key, highest), axis=0).to(tl.int64)
-            _take_k(key, v.to(tl.int32), ok, k, lo, idx_ptr + r64 * k, SORT, False)
+            _take_k(key, v.to(tl.int32), ok, k, lo, idx_ptr + r64 * k, sort, False)
             tl.debug_barrier()
-            _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, SORT, KP, FT)
+            _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, sort, k_padded,
+                       finish_tile)
     else:
-        _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, SORT, KP, KP)
+        _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, sort, k_padded,
+                   k_padded)
 
 
-# The spec is (plan, row stride, flip): the plan fixes every other integer argument and every
-# constexpr, and is made per dtype and order flag.
-_TOURNAMENT = Launcher(_tournament_kernel, lambda spec: dict(
-    SHARED=spec[0].programs_per_row > 1, G=spec[0].group, TILE=spec[0].tile,
-    MAXP=spec[0].group_maxima_slots, HOT=spec[0].hot_groups, FT=spec[0].finish_tile,
-    SORT=spec[0].sort, KP=spec[0].k_padded, IS_FLOAT=spec[0].is_float,
-    num_warps=spec[0].warps))
+# The spec is the plan (made per call's sizes, dtype, flags and layout): it fixes every integer
+# argument Triton specialises on, every constexpr (each the plan's field of its name) and the
+# warps.
+_TOURNAMENT = plan_launcher(_tournament_kernel)
 
 
 # ---------------------------------------------------------------------------------------------
 # tournament
 # ---------------------------------------------------------------------------------------------
-# k up to this: the hot groups (2k of them, each G elements) and the NB * k candidates of a
-# shared row are register tiles.
+# k up to this: the hot groups (2k of them, each `group` elements) and the programs_per_row * k
+# candidates of a shared row are register tiles.
 TOURNAMENT_K_MAX = 256
 
 
@@ -171,9 +173,10 @@ TOURNAMENT_FINISH_MAX = 8192
 
 @dataclass(frozen=True, eq=False)
 class TournamentPlan:
-    """Launch parameters of the tournament backend: NB programs per row, each taking a chunk
-    of CPP elements (whole TILEs) whose group maxima (groups of G) fit MAXP slots; HOT hot
-    groups at most; the last program of a shared row selects from FT candidates."""
+    """Launch parameters of the tournament backend: programs_per_row programs per row, each
+    taking a chunk of whole tiles whose group maxima fit group_maxima_slots; hot_groups hot
+    groups at most; the last program of a shared row selects from finish_tile candidates.
+    The Launcher's whole spec."""
 
     programs_per_row: int = 0  # programs per row
     chunk: int = 0  # elements each program takes (whole tiles)
@@ -183,33 +186,58 @@ class TournamentPlan:
     hot_groups: int = 0  # groups at most that can hold a winner, gathered for the selection
     finish_tile: int = 0  # candidates the last program of a shared row selects from
     k_padded: int = 0  # k rounded up to a compiled sorting-network size
-    warps: int = 0  # warps per program
+    num_warps: int = 0  # warps per program
     workspace_offsets: tuple = ()  # int64 offsets of the workspace's parts
     workspace_elements: int = 0  # int64 elements of the workspace
     sort: bool = False  # the winners are written in order
     is_float: bool = False  # floating-point keys (their bits are reordered to compare as integers)
+    row_stride: int = 0  # elements between the rows the kernel reads
+    flip: int = 0  # 0, or -1 for the smallest k (complements every key: see _order_key)
     reason: str | None = None  # why the plan cannot take the call (None: it can)
+
+    @property
+    def shared(self) -> bool:
+        """Several programs share a row: the last one merges their winners."""
+        return self.programs_per_row > 1
+
+
+#: The config keys tournament_plan reads (any other is refused: see check_config).
+CONFIG_KEYS = frozenset({
+    "tile_max",  # the largest tile (a chunk's next power of two, if smaller)
+    "group_maxima_slots_max",  # group maxima a program keeps (doubled once for long rows)
+    "finish_tile_max",  # candidates the last program of a shared row may select from
+    "candidates_max",  # hot_groups * group, the elements gathered for the selection
+    "programs_per_sm",  # programs per SM in all, where rows are fewer than two an SM
+    "chunk_min",  # the shortest chunk a program takes
+    "num_warps",  # warps per program
+})
 
 
 def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: int,
-                    config: dict) -> TournamentPlan:
+                    config: dict, *, row_stride: int | None = None,
+                    largest: bool = True) -> TournamentPlan:
+    """The plan of R rows of N (row_stride apart: N by default), k of each, largest or not."""
+    check_config("tournament", config, CONFIG_KEYS)
     p = SimpleNamespace()  # filled below, frozen at the end
     p.reason = None
     p.sort, p.is_float = sorted_, dtype.is_floating_point
+    p.row_stride, p.flip = N if row_stride is None else row_stride, 0 if largest else -1
     R, N = max(R, 1), max(N, 1)  # empty calls never launch; their plan only has to exist
-    tile_max = config.get("TILE", 8192)
-    groups_max = config.get("MAXP", 4096)
-    finish_max = config.get("FINISH", TOURNAMENT_FINISH_MAX)
+    tile_max = config.get("tile_max", 8192)
+    groups_max = config.get("group_maxima_slots_max", 4096)
+    finish_max = config.get("finish_tile_max", TOURNAMENT_FINISH_MAX)
     kk = max(k, 1)
-    # Room for twice k hot groups (maxima may tie at the cut); candidates HOT * G <= CANDIDATES.
+    # Room for twice k hot groups (maxima may tie at the cut); hot_groups * group candidates
+    # at most candidates_max.
     p.hot_groups = max(16, next_pow2(2 * kk))
-    p.group = max(2, min(64, config.get("CANDIDATES", 2048) // p.hot_groups))
+    p.group = max(2, min(64, config.get("candidates_max", 2048) // p.hot_groups))
     # Programs per row: several per SM in all (nothing waits, so nothing must be resident),
-    # chunks of at least CHUNK_MIN elements, and each chunk's group maxima within one tile.
+    # chunks of at least chunk_min elements, and each chunk's group maxima within one tile.
     if R >= 2 * sms:
         nb = 1
     else:
-        nb = max(1, min(cdiv(sms * config.get("PPS", 4), R), cdiv(N, config.get("CHUNK_MIN", 16384))))
+        nb = max(1, min(cdiv(sms * config.get("programs_per_sm", 4), R),
+                        cdiv(N, config.get("chunk_min", 16384))))
     nb = min(nb, max(1, finish_max // kk))
     # Long rows need more programs for their maxima to fit; twice the maxima per program
     # (a longer search) before more programs than the finishing tile can take.
@@ -220,7 +248,7 @@ def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, s
     nb = max(nb, need)
     chunk = cdiv(N, nb)
     # Short chunks: smaller groups, so that the cut leaves few hot groups among many (with
-    # HOT groups or fewer in all, every element is a candidate).
+    # hot_groups groups or fewer in all, every element is a candidate).
     while p.group > 2 and chunk < 4 * kk * p.group:
         p.group //= 2
     p.tile = max(p.group, min(tile_max, next_pow2(chunk)))
@@ -234,9 +262,10 @@ def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, s
         p.reason = (f"a row of {N} needs {p.programs_per_row} programs, whose "
                     f"{p.programs_per_row * kk} candidates exceed "
                     f"the finishing tile ({finish_max})")
-    # Measured on an H100: 4 warps where programs are many (several share an SM, one's
-    # searches overlap another's loads), 8 where about one program runs per SM.
-    p.warps = config.get("num_warps", 4 if R * p.programs_per_row >= 2 * sms else 8)
+    # 4 warps where programs are many (several share an SM, one's searches overlap another's
+    # loads), 8 where about one program runs per SM (its warps alone keep the loads in
+    # flight). See benchmarks/results/h200/fits/topk.md#tournament.
+    p.num_warps = config.get("num_warps", 4 if R * p.programs_per_row >= 2 * sms else 8)
     # The workspace, int64 elements: per-row tickets (int32), group maxima (int32), hot group
     # ids (int32), candidate lists (int64, shared rows only).
     progs = R * p.programs_per_row
@@ -261,46 +290,47 @@ class TournamentBackend(_PlannedBackend):
         if call.k > TOURNAMENT_K_MAX:
             return f"k={call.k}; tournament keeps 2k groups per chunk (k up to {TOURNAMENT_K_MAX})"
         if call.N > MAX_ROW:
-            return f"rows of {call.N} elements; indices are packed in 32 bits (rows up to {MAX_ROW})"
+            return (f"rows of {call.N} elements; indices are packed in 32 bits "
+                    f"(rows up to {MAX_ROW})")
         return self.plan(call, self.configs(call)[0]).reason
 
     def configs(self, call: TopkCall) -> list[dict]:
         if call.info.interpreted:
             # Small tiles, groups and chunks: CPU tests take every path on rows of a few
             # hundred elements.
-            out = [{"TILE": 64, "CANDIDATES": 512, "CHUNK_MIN": 128, "MAXP": 128, "PPS": 2,
-                    "FINISH": 1024},
-                   {"TILE": 32, "CANDIDATES": 64, "CHUNK_MIN": 1 << 30, "MAXP": 1 << 20}]
+            out = [{"tile_max": 64, "candidates_max": 512, "chunk_min": 128,
+                    "group_maxima_slots_max": 128, "programs_per_sm": 2, "finish_tile_max": 1024},
+                   {"tile_max": 32, "candidates_max": 64, "chunk_min": 1 << 30,
+                    "group_maxima_slots_max": 1 << 20}]
         else:
-            # Tiles of 8192 and 2048 candidates first: faster on most of an H100's suite shapes
-            # (few, long rows), and on the H200's 4096 x 32000 bfloat16, k = 50 (0.226 ms
-            # against 0.295 for 4096 x 4096). Where rows are many, the H200's tuning of random
-            # calls chose 4096 x 4096 on 30 of 53, the others on 23: too split to move it.
-            other = 12 - self.plan(call, {}).warps  # the warp count the default does not pick
-            out = [{}, {"TILE": 4096, "CANDIDATES": 4096}, {"num_warps": other}]
+            # Tiles of 8192 and 2048 candidates first: faster on the suite's few, long rows and
+            # on many rows of a vocabulary; where rows are many, tuning was split between it
+            # and 4096 x 4096, so the default stays (see
+            # benchmarks/results/h200/fits/topk.md#tournament-configs).
+            other = 12 - self.plan(call, {}).num_warps  # the warp count the default does not pick
+            out = [{}, {"tile_max": 4096, "candidates_max": 4096}, {"num_warps": other}]
         # The first is the default (supports() asks it); others only where their plan holds.
         return out[:1] + [c for c in out[1:] if self.plan(call, c).reason is None]
 
     estimate = staticmethod(cost.tournament)
 
     def make_plan(self, call: TopkCall, config: dict, sms: int) -> TournamentPlan:
-        return tournament_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config)
+        return tournament_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms,
+                               config, row_stride=_row_stride(call), largest=call.largest)
 
     def _prepared(self, call: TopkCall, config):
         """The prepared call (see Backend.bind): a function of the input, everything else
         worked out here once."""
         p = self._checked_plan(call, config)
-        read, row_stride, _ = _reader(call, unit_col=True)
+        read = _reader(call, unit_col=True)[0]
         device = call.input.device
         new_outputs, finish = _output_maker(call), _output_finisher(call)
-        flip = 0 if call.largest else -1
-        launch = _TOURNAMENT.bind((p, row_stride, flip), (call.R, p.programs_per_row),
-                                  call.info.index)
+        launch = _TOURNAMENT.bind(p, (call.R, p.programs_per_row), call.info.index)
         offsets, size = p.workspace_offsets, p.workspace_elements
         new_ws = allocator((size,), torch.int64, device)
         # The per-row tickets of shared rows start at zero.
         tickets = offsets[0] if p.programs_per_row > 1 else 0
-        ints = (call.N, row_stride, call.k, p.chunk, p.programs_per_row, flip)
+        ints = (call.N, p.row_stride, call.k, p.chunk, p.programs_per_row, p.flip)
 
         def topk(x: torch.Tensor):
             if read is not None:
