@@ -45,7 +45,7 @@ def main() -> None:
         label = f"{'x'.join(map(str, shape))} k={k}"
         for rep in range(args.reps):
             for pdl in (False, True):
-                cfg = {"PDL": pdl}
+                cfg = {"pdl": pdl}
                 fn = lambda: backend.run(K.prepare(x, k), cfg)  # noqa: E731
                 fn()
                 row = dict(case=label, rep=rep, pdl=pdl, host_us=host_us(fn, 300),

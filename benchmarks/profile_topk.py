@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="only cases whose shape text contains one of "
                     "these (a|b)")
     ap.add_argument("--configs", default="{}", help='extra configs per backend, JSON: '
-                    '{"maxima": [{"PPS1": 0}]}')
+                    '{"maxima": [{"select_programs_per_sm": 1}]}')
     args = ap.parse_args()
     backends = args.backends.split(",")
     extra = json.loads(args.configs)

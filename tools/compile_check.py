@@ -96,7 +96,7 @@ def _install() -> None:
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         ptx = kernel.asm["ptx"]
         widest = lambda kind: max(re.findall(rf"{kind}\.global[\.\w]*", ptx), key=len, default="-")  # noqa: E731
-        consts = {k: v for k, v in kwargs.items() if k.isupper() or k == "num_warps"}
+        consts = dict(kwargs)  # the constexprs (named as their plan fields) and the launch options
         COMPILED.append(f"{self.__name__:<28} {_ptxas_report(ptx)} smem={kernel.metadata.shared:6d} "
                         f"{widest('ld'):<18} {widest('st'):<18} {consts}")
         return kernel
