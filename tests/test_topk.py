@@ -329,6 +329,21 @@ def test_radix_long_survivor_lists(cpu_triton):
     assert same_values(torch.gather(x, 1, indices), values)
 
 
+def _radix_one_launch_plan(call):
+    """(radix, its first config, the call's split plan turned into the one-launch mode with one
+    program per row): the interpreter runs programs one after another, so none may wait for a
+    later one. The workspace keeps the split plan's room: one block of tops per row."""
+    backend = K.OP.backend("radix")
+    cfg = dict(backend.configs(call)[0])
+    split_plan = backend.make_plan(call, cfg, call.info.sm_count)
+    assert split_plan.mode == "split"
+    tops = split_plan.sample_blocks * split_plan.tops_per_sample_block
+    return backend, cfg, dataclasses.replace(
+        split_plan, mode="coop", programs_per_row=1, sample_blocks=1,
+        tiles_per_program=-(-call.N // split_plan.tile),
+        tops_per_sample_block=min(split_plan.samples_per_block, tops))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_radix_one_launch_kernel(cpu_triton, dtype, monkeypatch):
     # The GPU's one-launch mode (sample, wait for the row's programs, filter, last one
@@ -337,16 +352,7 @@ def test_radix_one_launch_kernel(cpu_triton, dtype, monkeypatch):
     # run. Several programs per row are covered by the gpu tests.
     x = random_input((3, 2400), dtype, seed=3)
     call = K.prepare(x, 70)
-    backend = K.OP.backend("radix")
-    cfg = dict(backend.configs(call)[0])
-    split_plan = backend.make_plan(call, cfg, call.info.sm_count)
-    assert split_plan.mode == "split"
-    # The same room in the workspace: one block of tops per row.
-    tops = split_plan.sample_blocks * split_plan.tops_per_sample_block
-    coop_plan = dataclasses.replace(
-        split_plan, mode="coop", programs_per_row=1, sample_blocks=1,
-        tiles_per_program=-(-call.N // split_plan.tile),
-        tops_per_sample_block=min(split_plan.samples_per_block, tops))
+    backend, cfg, coop_plan = _radix_one_launch_plan(call)
     monkeypatch.setattr(backend, "make_plan", lambda *args: coop_plan)
     forget_plans()
     try:
@@ -704,14 +710,7 @@ def test_radix_prepared_one_launch(cpu_triton, monkeypatch):
     # runs it in the interpreter: one program per row.
     x = distinct((3, 2400), 0)
     call = K.prepare(x, 70)
-    backend = K.OP.backend("radix")
-    cfg = dict(backend.configs(call)[0])
-    split_plan = backend.make_plan(call, cfg, call.info.sm_count)
-    tops = split_plan.sample_blocks * split_plan.tops_per_sample_block
-    coop_plan = dataclasses.replace(
-        split_plan, mode="coop", programs_per_row=1, sample_blocks=1,
-        tiles_per_program=-(-call.N // split_plan.tile),
-        tops_per_sample_block=min(split_plan.samples_per_block, tops))
+    backend, cfg, coop_plan = _radix_one_launch_plan(call)
     monkeypatch.setattr(backend, "make_plan", lambda *args: coop_plan)
     forget_plans()
     try:
