@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import warnings
 
 import pytest
@@ -262,13 +263,13 @@ def test_narrow_tiles(cpu_triton, shape, dims, dtype, side):
     call = P.OP.prepare(x, dims)
     assert P._plan(call).narrow == side
     tiled = P.OP.backend("tiled")
-    for cfg in [c for c in tiled.configs(call) if c.get("NARROW")]:
+    for cfg in [c for c in tiled.configs(call) if c.get("narrow")]:
         assert_same(tiled.run(P.OP.prepare(x, dims), cfg), reference(x, dims))
     check_all(x, dims, backends=("tiled",))
     y = make_input(shape, dtype, "permuted", cpu_triton, seed=5)
     call = P.OP.prepare(y, dims)
     if call.tile is not None and P._plan(call).narrow:
-        cfg = next(c for c in tiled.configs(call) if c.get("NARROW"))
+        cfg = next(c for c in tiled.configs(call) if c.get("narrow"))
         assert_same(tiled.run(call, cfg), reference(y, dims))
     check_all(y, dims, backends=("tiled",), with_out=False)
 
@@ -288,17 +289,17 @@ def test_first_narrow_config_needs_16_aligned_rows_on_the_output_side(shape, dim
     call = P.OP.prepare(torch.empty(shape, dtype=dtype), dims)  # (never run)
     assert P._plan(call).narrow == side
     configs = P.OP.backend("tiled").configs(call)
-    assert bool(configs[0].get("NARROW")) == narrow_first
-    assert any(c.get("NARROW") for c in configs) and any("BA" in c for c in configs)
+    assert bool(configs[0].get("narrow")) == narrow_first
+    assert any(c.get("narrow") for c in configs) and any("a_block" in c for c in configs)
 
 
 @pytest.mark.parametrize("shape, dtype, first", [
-    ((300, 400), torch.uint8, {"BA": 64, "BB": 128, "num_warps": 4}),     # not 128 x 128
-    ((300, 400), torch.float16, {"BA": 64, "BB": 128, "num_warps": 4}),
-    ((8192, 4096), torch.float16, {"BA": 64, "BB": 256, "num_warps": 8}),  # 64 MB: 8 warps
-    ((300, 400), torch.float32, {"BA": 64, "BB": 64, "num_warps": 4}),
-    ((300, 400), torch.float64, {"BA": 16, "BB": 64, "num_warps": 4}),     # half the rows
-    ((4096, 2048), torch.float64, {"BA": 32, "BB": 128, "num_warps": 8}),
+    ((300, 400), torch.uint8, {"a_block": 64, "b_block": 128, "num_warps": 4}),  # not 128 x 128
+    ((300, 400), torch.float16, {"a_block": 64, "b_block": 128, "num_warps": 4}),
+    ((8192, 4096), torch.float16, {"a_block": 64, "b_block": 256, "num_warps": 8}),  # 64 MB
+    ((300, 400), torch.float32, {"a_block": 64, "b_block": 64, "num_warps": 4}),
+    ((300, 400), torch.float64, {"a_block": 16, "b_block": 64, "num_warps": 4}),  # half the rows
+    ((4096, 2048), torch.float64, {"a_block": 32, "b_block": 128, "num_warps": 8}),
 ])
 def test_first_tiled_config_follows_the_sweep(shape, dtype, first):
     """The config the cold model runs, as the H200 sweep of every config ordered them
@@ -329,12 +330,13 @@ def test_every_config_and_tail(cpu_triton, backend):
         ref = reference(x, dims)
         configs = list(b.configs(call))
         if backend == "tiled":
-            configs.append({"BA": 4, "BB": 8, "num_warps": 4, "TPP": 4})
-            configs.append({"NARROW": True, "TILE_BYTES": 64, "num_warps": 4, "TPP": 4})
+            configs.append({"a_block": 4, "b_block": 8, "num_warps": 4, "tiles_per_program": 4})
+            configs.append({"narrow": True, "tile_bytes": 64, "num_warps": 4,
+                            "tiles_per_program": 4})
         elif backend == "vectorized":
-            configs.append({"TILE_BYTES": 64, "num_warps": 4, "TPP": 4})
+            configs.append({"tile_bytes": 64, "num_warps": 4, "tiles_per_program": 4})
         else:
-            configs.append({"BLOCK": 16, "num_warps": 4})
+            configs.append({"block": 16, "num_warps": 4})
         for cfg in configs:
             assert_same(b.run(P.OP.prepare(x, dims), cfg), ref)
 
@@ -678,6 +680,51 @@ def test_calls_that_are_not_prepared(cpu_triton):
         assert b.bind(P.OP.prepare(x[:0], dims), config) is None
         z = P.random_tensor((5, 12), torch.complex64, cpu_triton).conj()
         assert b.bind(P.OP.prepare(z, dims), b.configs(P.OP.prepare(z, dims))[0]) is None
+
+
+#: Configs as tune records stored them before issue 34 (one name per tunable).
+OLD_CONFIGS = {
+    ((40, 60), (1, 0)): {"naive": {"BLOCK": 512, "num_warps": 4},
+                         "tiled": {"BA": 32, "BB": 64, "num_warps": 4, "TPP": 2}},
+    ((6, 7, 3), (2, 0, 1)): {"tiled": {"NARROW": True, "TILE_BYTES": 16384, "num_warps": 4,
+                                       "TPP": 1}},
+    ((3, 4, 64), (1, 0, 2)): {"vectorized": {"TILE_BYTES": 8192, "num_warps": 4, "TPP": 2}},
+}
+
+
+@pytest.mark.parametrize("shape, dims", list(OLD_CONFIGS))
+def test_configs_under_old_names_are_measured_again_never_misread(cpu_triton, monkeypatch,
+                                                                  shape, dims):
+    """A tune record under the old config keys (BLOCK, BA, BB, TPP, TILE_BYTES, NARROW) is not
+    a config the backend offers: ignored with a warning, the model decides until tuning
+    measures again; run() refuses the old keys (InvalidArgument) rather than reading defaults in
+    their place, and today's names run."""
+    from opselect.dispatch import op as dispatch_op
+    from opselect.errors import CacheWarning
+    from opselect.tune_cache import store
+
+    old = OLD_CONFIGS[(shape, dims)]
+    monkeypatch.setattr(dispatch_op, "_foreign_configs_told", set())
+    x = P.random_tensor(shape, torch.float32, cpu_triton)
+    call = P.OP.prepare(x, dims)
+    able = [c.name for c in P.OP.plan(call) if c.supported]
+    assert set(old) <= set(able)
+    store().put_timings("permute", call.info, call.key[1:], {
+        name: (1e-9, cfg, P.OP.backend(name).source_hash) for name, cfg in old.items()})
+    with pytest.warns(CacheWarning, match="that the backend does not offer") as told:
+        decision = P.OP.decide(call)
+    warned = {re.search(r"config of permute/(\w+) ", str(w.message))[1] for w in told}
+    unmeasured = {name for name in old if decision.candidate(name).measured_s is None}
+    assert warned == unmeasured == set(old) and decision.source == "model"
+    assert decision.config in [dict(c) for c in P.OP.backend(decision.choice).configs(call)]
+    for name, cfg in old.items():
+        backend = P.OP.backend(name)
+        with pytest.raises(InvalidArgument, match="are not this backend's"):
+            backend.run(P.OP.prepare(x, dims), cfg)
+        # Today's names run: the config of the same kind (narrow or not) the model would take.
+        today = next(c for c in backend.configs(call)
+                     if bool(c.get("narrow")) == bool(cfg.get("NARROW")))
+        assert_same(backend.run(P.OP.prepare(x, dims), today), reference(x, dims))
 
 
 @pytest.mark.parametrize("backend, shape, dims, dtype, builders", [

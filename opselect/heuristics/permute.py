@@ -199,16 +199,16 @@ def tiled(call, model, tiled_plan):
     if tiled_plan.narrow:
         # One side moves a contiguous chunk of n x bw elements, the other rows of bw elements.
         n, m = (plan.A, plan.B) if plan.narrow == "in" else (plan.B, plan.A)
-        bw = tiled_plan.narrow_width
+        bw = tiled_plan.wide_block
         memory = (half / segment(n * min(bw, m) * elem) + half / segment(min(bw, m) * elem))
         tiles = plan.n_batch * math.ceil(m / bw)
-        per_tile = tiled_plan.narrow_rows * (len(plan.a_dims if plan.narrow == "in" else
+        per_tile = tiled_plan.narrow_padded * (len(plan.a_dims if plan.narrow == "in" else
                                                     plan.b_dims) + 1) + len(plan.batch) + 2
         return model.estimate(OP, "tiled", triton=True, launch=_host(model, True),
                               memory=memory / PEAK["tiled"],
                               index=_int_time(tiles * per_tile, model, _wide(call)),
                               programs=_programs(tiles, model))
-    ba, bb = tiled_plan.tile_a, tiled_plan.tile_b
+    ba, bb = tiled_plan.a_block, tiled_plan.b_block
     # A contiguous input segment is a row of the tile along A, or several rows when A is short and
     # the B rows lie back to back in the input (the (N, 3) -> (3, N) case); likewise the output.
     seg_in = min(ba, plan.A) * elem

@@ -18,19 +18,20 @@ size; 16-byte elements (complex128, or runs widened to 16 bytes) move as pairs o
 Backends:
 
   torch       input.permute(dims).contiguous() (ATen's strided copy)
-  naive       one program per BLOCK output elements; each maps its output offset to the input
+  naive       one program per block of output elements; each maps its output offset to the input
               offset by peeling the (simplified) dims off with div/mod, in 32 bits when the
               tensor allows; reads are uncoalesced when the last dim moves
-  vectorized  permutations that keep the last dim: copies whole contiguous runs, a tile of ROWS
-              runs x BLOCK_L units per step, with 16-byte loads and stores where the alignment
-              allows (the run starts are declared multiples of the vector to the compiler)
+  vectorized  permutations that keep the last dim: copies whole contiguous runs, a tile of
+              rows_per_tile runs x run_block units per step, with 16-byte loads and stores
+              where the alignment allows (the run starts are declared multiples of the vector
+              to the compiler)
   tiled       permutations that move the last dim: a tile is loaded coalesced along the input's
               contiguous dims (group A) and stored coalesced along the output's (group B); the
               compiler moves it between the two register layouts through shared memory (with its
               own swizzling, so the 32-bank conflicts of a naive 128x128 smem tile do not arise).
               Groups A and B each take up to 3 dims, so short contiguous runs on either side are
               extended to whole cache lines; the other dims are a batch index. Short kept runs of
-              16 or 32 bytes are moved as one element of W units. When one group is under 16
+              16 or 32 bytes are moved as one element (unit_width units). When one group is under 16
               bytes (3 colour channels: NCHW <-> NHWC, HWC -> CHW) and the other continues it in
               memory, a narrow variant moves that side as one flat chunk, 16 bytes a lane, and
               permutes it on chip with tl.gather."""

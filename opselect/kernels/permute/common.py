@@ -4,6 +4,7 @@ output, the bound launch)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable
 
@@ -12,7 +13,8 @@ import triton
 import triton.language as tl
 
 from ...dispatch.backend import Backend
-from .._common import BoundLaunch, allocator
+from ...errors import InvalidArgument
+from .._common import BoundLaunch, Launcher, allocator
 from .call import PermuteCall, _direct_out, _finish, _trivial
 
 
@@ -25,57 +27,57 @@ UNIT_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _offset(i, n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7,
-            ND: tl.constexpr):
-    """Input offset of the linear index i over ND dims (innermost first: sizes n, strides t).
-
-    The outermost dim needs no modulo (i is in range), so ND dims cost ND - 1 div/mod pairs; the
-    remainder is taken as i - q * n (one division, not two). Exactly one `ND == k` branch ends it.
+            dims: tl.constexpr):
+    """Input offset of the linear index i over `dims` dims (innermost first: sizes n, strides
+    t). The outermost dim needs no modulo (i is in range), so d dims cost d - 1 div/mod pairs;
+    the remainder is taken as i - q * n (one division, not two). Exactly one `dims == k` branch
+    ends it.
     """
     off = i * 0
     rem = i
-    if ND == 1:
+    if dims == 1:
         off += rem * t0
-    if ND > 1:
+    if dims > 1:
         q = rem // n0
         off += (rem - q * n0) * t0
         rem = q
-    if ND == 2:
+    if dims == 2:
         off += rem * t1
-    if ND > 2:
+    if dims > 2:
         q = rem // n1
         off += (rem - q * n1) * t1
         rem = q
-    if ND == 3:
+    if dims == 3:
         off += rem * t2
-    if ND > 3:
+    if dims > 3:
         q = rem // n2
         off += (rem - q * n2) * t2
         rem = q
-    if ND == 4:
+    if dims == 4:
         off += rem * t3
-    if ND > 4:
+    if dims > 4:
         q = rem // n3
         off += (rem - q * n3) * t3
         rem = q
-    if ND == 5:
+    if dims == 5:
         off += rem * t4
-    if ND > 5:
+    if dims > 5:
         q = rem // n4
         off += (rem - q * n4) * t4
         rem = q
-    if ND == 6:
+    if dims == 6:
         off += rem * t5
-    if ND > 6:
+    if dims > 6:
         q = rem // n5
         off += (rem - q * n5) * t5
         rem = q
-    if ND == 7:
+    if dims == 7:
         off += rem * t6
-    if ND > 7:
+    if dims > 7:
         q = rem // n6
         off += (rem - q * n6) * t6
         rem = q
-    if ND == 8:
+    if dims == 8:
         off += rem * t7
     return off
 
@@ -163,6 +165,26 @@ def _tiles_per_program(wanted: int, n_tiles: int) -> int:
     while tpp < wanted and n_tiles % (2 * tpp) == 0 and n_tiles // (2 * tpp) >= 2:
         tpp *= 2
     return tpp
+
+
+def plan_launcher(kernel) -> Launcher:
+    """The Launcher of a kernel whose spec is its backend's launch plan: each constexpr
+    parameter is the plan's field of the same name (one name from the tune cache to the kernel),
+    num_warps the plan's num_warps."""
+    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
+                  if "constexpr" in str(param.annotation))
+    return Launcher(kernel, lambda plan: {**{name: getattr(plan, name) for name in names},
+                                          "num_warps": plan.num_warps})
+
+
+def refuse_unknown(backend: str, config, known: frozenset) -> None:
+    """Refuse a config with a key the backend does not read: a tune record under older names
+    (or a script's typo) would otherwise run defaults in the key's place, and a timing would be
+    filed under a config that never ran."""
+    unknown = set(config) - known
+    if unknown:
+        raise InvalidArgument(f"permute {backend}: config keys {sorted(unknown)} are not this "
+                              f"backend's (it reads {', '.join(sorted(known))})")
 
 
 def _prepared_copy(call: PermuteCall, launch: BoundLaunch, ints: tuple

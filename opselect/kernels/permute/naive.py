@@ -11,29 +11,31 @@ import triton
 import triton.language as tl
 
 from ...heuristics import permute as cost
-from .._common import Launcher, cdiv, needs_int64
+from .._common import cdiv, needs_int64
 from .call import MAX_DIMS, PermuteCall
-from .common import UNIT_DTYPES, _offset, _padded, _prepared_copy, _TritonBackend
+from .common import (UNIT_DTYPES, _offset, _padded, _prepared_copy, _TritonBackend, plan_launcher,
+                     refuse_unknown)
 
 
 @triton.jit
 def _naive_kernel(src, dst, numel,
                   n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7,
-                  ND: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+                  dims: tl.constexpr, unit_width: tl.constexpr, block: tl.constexpr,
+                  offsets_64bit: tl.constexpr):
     pid = tl.program_id(0)
-    if I64:
+    if offsets_64bit:
         pid = pid.to(tl.int64)
-    o = pid * BLOCK + tl.arange(0, BLOCK)
+    o = pid * block + tl.arange(0, block)
     ok = o < numel
-    s = _offset(o, n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7, ND)
-    if W == 1:
+    s = _offset(o, n0, t0, n1, t1, n2, t2, n3, t3, n4, t4, n5, t5, n6, t6, n7, t7, dims)
+    if unit_width == 1:
         tl.store(dst + o, tl.load(src + s, mask=ok), mask=ok)
     else:
-        # A 16-byte element is W = 2 int64 units: the pair is contiguous and starts at an even
-        # unit, which the [BLOCK, W] shape and the factor W make visible: one 16-byte access.
-        w = tl.arange(0, W)
-        v = tl.load(src + (s * W)[:, None] + w[None, :], mask=ok[:, None])
-        tl.store(dst + (o * W)[:, None] + w[None, :], v, mask=ok[:, None])
+        # A 16-byte element is 2 int64 units: the pair is contiguous and starts at an even unit,
+        # which the [block, unit_width] shape and the factor make visible: one 16-byte access.
+        w = tl.arange(0, unit_width)
+        v = tl.load(src + (s * unit_width)[:, None] + w[None, :], mask=ok[:, None])
+        tl.store(dst + (o * unit_width)[:, None] + w[None, :], v, mask=ok[:, None])
 
 
 # Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per spec, later calls
@@ -46,17 +48,19 @@ class NaivePlan:
 
     dtype: torch.dtype  # of the units moved (the elements, or wider words)
     ints: tuple  # every integer argument: units, then (size, stride) of each dim, padded
-    dims: int  # ND: dims left after simplification
-    unit_width: int  # W: elements per unit
+    dims: int  # dims left after simplification
+    unit_width: int  # units per element
     block: int  # units per program
     offsets_64bit: bool  # offsets past 2**31
-    warps: int
+    num_warps: int
 
 
 naive_plan = functools.lru_cache(maxsize=4096)(NaivePlan)
 
-_NAIVE = Launcher(_naive_kernel, lambda p: dict(ND=p.dims, W=p.unit_width, BLOCK=p.block,
-                                                I64=p.offsets_64bit, num_warps=p.warps))
+_NAIVE = plan_launcher(_naive_kernel)
+
+#: The keys of a naive config (the plan's fields of those names).
+CONFIG_KEYS = frozenset({"block", "num_warps"})
 
 
 class NaiveBackend(_TritonBackend):
@@ -64,14 +68,15 @@ class NaiveBackend(_TritonBackend):
     estimate = staticmethod(cost.naive)
 
     def configs(self, call: PermuteCall) -> list[dict]:
-        return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8},
-                {"BLOCK": 512, "num_warps": 4}]
+        return [{"block": 1024, "num_warps": 4}, {"block": 2048, "num_warps": 8},
+                {"block": 512, "num_warps": 4}]
 
     def _prepare(self, call: PermuteCall, config):
+        refuse_unknown(self.name, config, CONFIG_KEYS)
         w = call.W
         sizes, strides = call.sizes or [1], call.strides or [1]
         n = call.numel * call.input.element_size() // call.esize
-        block = config["BLOCK"]
+        block = config["block"]
         ints = (n, *_padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS))
         nd, i64, warps = len(sizes), needs_int64(n * w, call.span * w), config["num_warps"]
         plan = naive_plan(UNIT_DTYPES[call.unit], ints, nd, w, block, i64, warps)

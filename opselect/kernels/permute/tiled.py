@@ -12,9 +12,10 @@ import triton
 import triton.language as tl
 
 from ...heuristics import permute as cost
-from .._common import BoundLaunch, Launcher, cdiv, needs_int64, next_pow2
+from .._common import BoundLaunch, cdiv, needs_int64, next_pow2
 from .call import MAX_DIMS, PermuteCall
-from .common import UNIT_DTYPES, _prepared_copy, _tiles_per_program, _TritonBackend
+from .common import (UNIT_DTYPES, _prepared_copy, _tiles_per_program, _TritonBackend,
+                     plan_launcher, refuse_unknown)
 
 
 #: Batch dims of the tiled kernel: MAX_DIMS minus one dim each for groups A and B.
@@ -34,11 +35,11 @@ NARROW_MAX = 15
 
 
 @triton.jit
-def _offset3(i, n0, t0, n1, t1, t2, ND: tl.constexpr):
+def _offset3(i, n0, t0, n1, t1, t2, dims: tl.constexpr):
     """_offset for the at most 3 dims of a tiled kernel's group (the last size is implicit)."""
-    if ND == 1:
+    if dims == 1:
         off = i * t0
-    elif ND == 2:
+    elif dims == 2:
         q = i // n0
         off = (i - q * n0) * t0 + q * t1
     else:
@@ -51,38 +52,38 @@ def _offset3(i, n0, t0, n1, t1, t2, ND: tl.constexpr):
 
 @triton.jit
 def _batch_offsets(bat, c0, i0, o0, c1, i1, o1, c2, i2, o2, c3, i3, o3, c4, i4, o4, c5, i5, o5,
-                   NC: tl.constexpr):
-    """(input offset, output offset) of the scalar batch index `bat` over NC dims (innermost
+                   batch_dims: tl.constexpr):
+    """(input offset, output offset) of the scalar batch index `bat` over batch_dims dims (innermost
     first): once per tile, so a few scalar divisions are nothing next to the tile's traffic."""
     off_in = bat * 0
     off_out = bat * 0
     rem = bat
-    if NC > 0:
+    if batch_dims > 0:
         q = rem // c0
         off_in += (rem - q * c0) * i0
         off_out += (rem - q * c0) * o0
         rem = q
-    if NC > 1:
+    if batch_dims > 1:
         q = rem // c1
         off_in += (rem - q * c1) * i1
         off_out += (rem - q * c1) * o1
         rem = q
-    if NC > 2:
+    if batch_dims > 2:
         q = rem // c2
         off_in += (rem - q * c2) * i2
         off_out += (rem - q * c2) * o2
         rem = q
-    if NC > 3:
+    if batch_dims > 3:
         q = rem // c3
         off_in += (rem - q * c3) * i3
         off_out += (rem - q * c3) * o3
         rem = q
-    if NC > 4:
+    if batch_dims > 4:
         q = rem // c4
         off_in += (rem - q * c4) * i4
         off_out += (rem - q * c4) * o4
         rem = q
-    if NC > 5:
+    if batch_dims > 5:
         q = rem // c5
         off_in += (rem - q * c5) * i5
         off_out += (rem - q * c5) * o5
@@ -94,62 +95,66 @@ def _tiled_kernel(src, dst, A, B, n_ta, n_tb,
                   a0, oa0, a1, oa1, oa2,
                   b0, ib0, b1, ib1, ib2,
                   c0, i0, o0, c1, i1, o1, c2, i2, o2, c3, i3, o3, c4, i4, o4, c5, i5, o5,
-                  NA: tl.constexpr, NB: tl.constexpr, NC: tl.constexpr,
-                  BA: tl.constexpr, BB: tl.constexpr, W: tl.constexpr, TPP: tl.constexpr,
-                  EVEN_A: tl.constexpr, EVEN_B: tl.constexpr, I64: tl.constexpr):
+                  a_dims: tl.constexpr, b_dims: tl.constexpr, batch_dims: tl.constexpr,
+                  a_block: tl.constexpr, b_block: tl.constexpr, unit_width: tl.constexpr,
+                  tiles_per_program: tl.constexpr, even_a: tl.constexpr, even_b: tl.constexpr,
+                  offsets_64bit: tl.constexpr):
     """out[batch, a, b] = in[batch, a, b] where group A (index a) is contiguous in the input and
     group B (index b) is contiguous in the output: a's input offset is a itself and b's output
-    offset is b itself, so a tile [BB, BA] is loaded with a fastest (coalesced, vectorised) and
-    its transpose [BA, BB] stored with b fastest; the layout change goes through shared memory.
-    The cross terms (a's output offset, b's input offset) are per-row vectors of BA and BB
-    offsets, computed once per tile. Elements are W units; offsets below are in elements and the
-    fast axes are flattened to BA * W and BB * W units so both accesses stay plain 2-D. Each
-    program moves TPP consecutive tiles (B fastest), TPP dividing the tile count."""
+    offset is b itself, so a tile [b_block, a_block] is loaded with a fastest (coalesced,
+    vectorised) and its transpose [a_block, b_block] stored with b fastest; the layout change
+    goes through shared memory. The cross terms (a's output offset, b's input offset) are
+    per-row vectors of a_block and b_block offsets, computed once per tile. Elements are
+    unit_width units; offsets below are in elements and the fast axes are flattened to
+    a_block * unit_width and b_block * unit_width units so both accesses stay plain 2-D. Each
+    program moves tiles_per_program consecutive tiles (B fastest), a divisor of the tile count."""
     pid = tl.program_id(0)
-    for k in range(TPP):
-        t = pid * TPP + k
+    for k in range(tiles_per_program):
+        t = pid * tiles_per_program + k
         tb = t % n_tb
         q = t // n_tb
         ta = q % n_ta
         bat = q // n_ta
-        if I64:
+        if offsets_64bit:
             tb = tb.to(tl.int64)
             ta = ta.to(tl.int64)
             bat = bat.to(tl.int64)
         base_in, base_out = _batch_offsets(bat, c0, i0, o0, c1, i1, o1, c2, i2, o2, c3, i3, o3,
-                                           c4, i4, o4, c5, i5, o5, NC)
-        a = ta * BA + tl.arange(0, BA)
-        b = tb * BB + tl.arange(0, BB)
-        # Units along the fast axes: element a covers units a * W .. a * W + W - 1.
-        au = ta * (BA * W) + tl.arange(0, BA * W)
-        bu = tb * (BB * W) + tl.arange(0, BB * W)
-        b_in = base_in + _offset3(b, b0, ib0, b1, ib1, ib2, NB)   # [BB] input offsets of rows b
-        a_out = base_out + _offset3(a, a0, oa0, a1, oa1, oa2, NA)  # [BA] output offsets of rows a
+                                           c4, i4, o4, c5, i5, o5, batch_dims)
+        a = ta * a_block + tl.arange(0, a_block)
+        b = tb * b_block + tl.arange(0, b_block)
+        # Units along the fast axes: element a covers units a * unit_width and the next
+        # unit_width - 1.
+        au = ta * (a_block * unit_width) + tl.arange(0, a_block * unit_width)
+        bu = tb * (b_block * unit_width) + tl.arange(0, b_block * unit_width)
+        b_in = base_in + _offset3(b, b0, ib0, b1, ib1, ib2, b_dims)   # input offsets of rows b
+        a_out = base_out + _offset3(a, a0, oa0, a1, oa1, oa2, a_dims)  # output offsets of rows a
         # Masks only where a group does not divide into whole tiles: an all-true splat keeps
         # the accesses vectorised, and the fully even case needs none at all.
-        if EVEN_A:
-            ok_a = tl.full([BA], 1, tl.int1)
-            ok_au = tl.full([BA * W], 1, tl.int1)
+        if even_a:
+            ok_a = tl.full([a_block], 1, tl.int1)
+            ok_au = tl.full([a_block * unit_width], 1, tl.int1)
         else:
             ok_a = a < A
-            ok_au = au < A * W
-        if EVEN_B:
-            ok_b = tl.full([BB], 1, tl.int1)
-            ok_bu = tl.full([BB * W], 1, tl.int1)
+            ok_au = au < A * unit_width
+        if even_b:
+            ok_b = tl.full([b_block], 1, tl.int1)
+            ok_bu = tl.full([b_block * unit_width], 1, tl.int1)
         else:
             ok_b = b < B
-            ok_bu = bu < B * W
-        src_ptr = src + (b_in * W)[:, None] + au[None, :]  # [BB, BA*W], a fastest
-        dst_ptr = dst + (a_out * W)[:, None] + bu[None, :]  # [BA, BB*W], b fastest
-        if EVEN_A and EVEN_B:
+            ok_bu = bu < B * unit_width
+        src_ptr = src + (b_in * unit_width)[:, None] + au[None, :]  # [b_block, a units], a fastest
+        dst_ptr = dst + (a_out * unit_width)[:, None] + bu[None, :]  # [a_block, b units], b fastest
+        if even_a and even_b:
             x = tl.load(src_ptr)
         else:
             x = tl.load(src_ptr, mask=ok_b[:, None] & ok_au[None, :])
-        if W == 1:
+        if unit_width == 1:
             y = tl.trans(x)
         else:
-            y = tl.reshape(tl.permute(tl.reshape(x, (BB, BA, W)), (1, 0, 2)), (BA, BB * W))
-        if EVEN_A and EVEN_B:
+            y = tl.reshape(tl.permute(tl.reshape(x, (b_block, a_block, unit_width)), (1, 0, 2)),
+                           (a_block, b_block * unit_width))
+        if even_a and even_b:
             tl.store(dst_ptr, y)
         else:
             tl.store(dst_ptr, y, mask=ok_a[:, None] & ok_bu[None, :])
@@ -159,68 +164,76 @@ def _tiled_kernel(src, dst, A, B, n_ta, n_tb,
 def _narrow_kernel(src, dst, M, n_tm,
                    g0, s0, g1, s1, s2,
                    c0, i0, o0, c1, i1, o1, c2, i2, o2, c3, i3, o3, c4, i4, o4, c5, i5, o5,
-                   N: tl.constexpr, NP: tl.constexpr, NG: tl.constexpr, NC: tl.constexpr,
-                   BW: tl.constexpr, TPP: tl.constexpr, IN_NARROW: tl.constexpr,
-                   I64: tl.constexpr):
-    """The tiled copy when one group has only N < 16 bytes of elements (3 colour channels) and
-    its partner's rows lie back to back on that side, so a tile's N * BW elements there form one
-    contiguous chunk. That chunk is moved flat, 16 bytes a lane, and tl.gather (through shared
-    memory) converts between it and the [NP, BW] tile of the other side, which has BW-long rows:
+                   narrow: tl.constexpr, narrow_padded: tl.constexpr, group_dims: tl.constexpr,
+                   batch_dims: tl.constexpr, wide_block: tl.constexpr,
+                   tiles_per_program: tl.constexpr, narrow_in: tl.constexpr,
+                   offsets_64bit: tl.constexpr):
+    """The tiled copy when one group has only `narrow` < 16 bytes of elements (3 colour
+    channels) and its partner's rows lie back to back on that side, so a tile's
+    narrow * wide_block elements there form one contiguous chunk. That chunk is moved flat, 16
+    bytes a lane, and tl.gather (through shared memory) converts between it and the
+    [narrow_padded, wide_block] tile of the other side, which has wide_block-long rows:
 
-      IN_NARROW   input  chunk[i * N + j]  <->  output row j (group A index), column i (B)
-      not         output chunk[i * N + j]  <->  input  row j (group B index), column i (A)
+      narrow_in   input  chunk[i * narrow + j]  <->  output row j (group A index), column i (B)
+      not         output chunk[i * narrow + j]  <->  input  row j (group B index), column i (A)
 
     The narrow group's dims (g sizes, s strides on the tile side) give each row's offset; M is
-    the wide group's size; N and NP = next_pow2(N) are compile-time, so i * N + j is cheap."""
+    the wide group's size; narrow and narrow_padded = next_pow2(narrow) are compile-time, so
+    i * narrow + j is cheap."""
     pid = tl.program_id(0)
-    for k in range(TPP):
-        t = pid * TPP + k
+    for k in range(tiles_per_program):
+        t = pid * tiles_per_program + k
         tm = t % n_tm
         bat = t // n_tm
-        if I64:
+        if offsets_64bit:
             tm = tm.to(tl.int64)
             bat = bat.to(tl.int64)
         base_in, base_out = _batch_offsets(bat, c0, i0, o0, c1, i1, o1, c2, i2, o2, c3, i3, o3,
-                                           c4, i4, o4, c5, i5, o5, NC)
-        m0 = tm * BW
-        rows = tl.minimum(M - m0, BW)  # wide-group elements in this tile
-        j = tl.arange(0, NP)
-        i = tl.arange(0, BW)
-        row_off = _offset3(j, g0, s0, g1, s1, s2, NG)  # [NP] offsets of the narrow rows
-        flat = tl.arange(0, NP * BW)
-        # Position in the flat chunk of tile element (j, i), clamped for the padding rows j >= N.
-        idx = tl.minimum(i[None, :] * N + j[:, None], NP * BW - 1)
-        ok = (j[:, None] < N) & (i[None, :] < rows)
-        if IN_NARROW:
-            chunk = tl.load(src + base_in + m0 * N + flat, mask=flat < rows * N)
-            tile = tl.reshape(tl.gather(chunk, tl.reshape(idx, (NP * BW,)), 0), (NP, BW))
+                                           c4, i4, o4, c5, i5, o5, batch_dims)
+        m0 = tm * wide_block
+        rows = tl.minimum(M - m0, wide_block)  # wide-group elements in this tile
+        j = tl.arange(0, narrow_padded)
+        i = tl.arange(0, wide_block)
+        row_off = _offset3(j, g0, s0, g1, s1, s2, group_dims)  # offsets of the narrow rows
+        flat = tl.arange(0, narrow_padded * wide_block)
+        # Position in the flat chunk of tile element (j, i), clamped for the padding rows
+        # j >= narrow.
+        idx = tl.minimum(i[None, :] * narrow + j[:, None], narrow_padded * wide_block - 1)
+        ok = (j[:, None] < narrow) & (i[None, :] < rows)
+        if narrow_in:
+            chunk = tl.load(src + base_in + m0 * narrow + flat, mask=flat < rows * narrow)
+            tile = tl.reshape(tl.gather(chunk, tl.reshape(idx, (narrow_padded * wide_block,)), 0),
+                              (narrow_padded, wide_block))
             tl.store(dst + base_out + row_off[:, None] + (m0 + i)[None, :], tile, mask=ok)
         else:
             tile = tl.load(src + base_in + row_off[:, None] + (m0 + i)[None, :], mask=ok)
-            # Output element f = i * N + j holds tile[j, i], at tile position j * BW + i.
-            fi = flat // N
-            fj = flat - fi * N
-            pos = tl.minimum(fj * BW + fi, NP * BW - 1)
-            chunk = tl.gather(tl.reshape(tile, (NP * BW,)), pos, 0)
-            tl.store(dst + base_out + m0 * N + flat, chunk, mask=flat < rows * N)
+            # Output element f = i * narrow + j holds tile[j, i], at tile position
+            # j * wide_block + i.
+            fi = flat // narrow
+            fj = flat - fi * narrow
+            pos = tl.minimum(fj * wide_block + fi, narrow_padded * wide_block - 1)
+            chunk = tl.gather(tl.reshape(tile, (narrow_padded * wide_block,)), pos, 0)
+            tl.store(dst + base_out + m0 * narrow + flat, chunk, mask=flat < rows * narrow)
 
 
 @dataclass(frozen=True, eq=False)
 class TiledLaunchPlan:
-    """One tiled launch (tiles of [BA x BB] over the two groups of dims that swap): the
+    """One tiled launch (tiles of [a_block x b_block] over the two groups of dims that swap): the
     Launcher's spec and constexpr source (tiled_launch_plan: one object per distinct launch)."""
 
     dtype: torch.dtype  # of the units moved
     ints: tuple  # every integer argument: A, B, tile counts, each group's (size, stride)s, batch
-    a_dims: int  # NA
-    b_dims: int  # NB
-    batch_dims: int  # NC
-    a_block: int  # BA
-    b_block: int  # BB
-    unit_width: int  # W: elements per unit
-    tiles_per_program: int  # TPP
+    a_dims: int  # dims of group A
+    b_dims: int  # dims of group B
+    batch_dims: int
+    a_block: int  # elements of A per tile
+    b_block: int  # elements of B per tile
+    unit_width: int  # units per element
+    tiles_per_program: int
+    even_a: bool  # a_block divides A: no mask along A
+    even_b: bool  # b_block divides B
     offsets_64bit: bool
-    warps: int
+    num_warps: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,29 +242,28 @@ class NarrowLaunchPlan:
 
     dtype: torch.dtype
     ints: tuple  # the wide group's length, its tile count, the group's (size, stride)s, batch
-    narrow: int  # N: length of the narrow group
-    narrow_padded: int  # NP: N padded to a power of two
-    group_dims: int  # NG
-    batch_dims: int  # NC
-    wide_block: int  # BW: elements of the wide group per tile
-    tiles_per_program: int  # TPP
+    narrow: int  # length of the narrow group
+    narrow_padded: int  # narrow padded to a power of two
+    group_dims: int  # dims of the narrow group
+    batch_dims: int
+    wide_block: int  # elements of the wide group per tile
+    tiles_per_program: int
     narrow_in: bool  # the narrow group is the input's innermost
     offsets_64bit: bool
-    warps: int
+    num_warps: int
 
 
 tiled_launch_plan = functools.lru_cache(maxsize=4096)(TiledLaunchPlan)
 narrow_launch_plan = functools.lru_cache(maxsize=4096)(NarrowLaunchPlan)
 
-_TILED = Launcher(_tiled_kernel, lambda p: dict(
-    NA=p.a_dims, NB=p.b_dims, NC=p.batch_dims, BA=p.a_block, BB=p.b_block, W=p.unit_width,
-    TPP=p.tiles_per_program, EVEN_A=p.ints[0] % p.a_block == 0,
-    EVEN_B=p.ints[1] % p.b_block == 0, I64=p.offsets_64bit, num_warps=p.warps))
+_TILED = plan_launcher(_tiled_kernel)
+_NARROW = plan_launcher(_narrow_kernel)
 
-
-_NARROW = Launcher(_narrow_kernel, lambda p: dict(
-    N=p.narrow, NP=p.narrow_padded, NG=p.group_dims, NC=p.batch_dims, BW=p.wide_block,
-    TPP=p.tiles_per_program, IN_NARROW=p.narrow_in, I64=p.offsets_64bit, num_warps=p.warps))
+#: The keys of a tiled config: the square tile's a_block x b_block (preferred edges, clamped to
+#: the groups), or narrow with tile_bytes (the narrow kernel's tile); tiles_per_program (the most
+#: a program takes) and num_warps for both.
+CONFIG_KEYS = frozenset({"a_block", "b_block", "narrow", "tile_bytes", "tiles_per_program",
+                         "num_warps"})
 
 
 class TilePlan:
@@ -348,10 +360,10 @@ class TiledPlan:
 
     geometry: TilePlan  # the call's two groups (A along the input, B along the output) and batch
     narrow: bool  # the narrow kernel (a group of under 16 bytes) rather than the square tile
-    tile_a: int  # square tile: elements along A (clamped to the group, see tile_shape)
-    tile_b: int  # square tile: elements along B
-    narrow_rows: int  # narrow kernel: the short group's length rounded up to a power of two
-    narrow_width: int  # narrow kernel: elements of the long group per tile
+    a_block: int  # square tile: elements along A (clamped to the group, see tile_shape)
+    b_block: int  # square tile: elements along B
+    narrow_padded: int  # narrow kernel: the short group's length rounded up to a power of two
+    wide_block: int  # narrow kernel: elements of the long group per tile
 
 
 class TiledBackend(_TritonBackend):
@@ -362,13 +374,14 @@ class TiledBackend(_TritonBackend):
         if call.tile is None:  # nothing to tile (an empty call, or one torch answers)
             return None
         config = self.configs(call)[0] if config is None else config
+        refuse_unknown(self.name, config, CONFIG_KEYS)
         geometry = _plan(call)
-        if config.get("NARROW") and geometry.narrow:
+        if config.get("narrow") and geometry.narrow:
             n, m = ((geometry.A, geometry.B) if geometry.narrow == "in"
                     else (geometry.B, geometry.A))
             return TiledPlan(geometry, True, 0, 0, next_pow2(n),
-                             self.narrow_width(n, m, call.unit, config["TILE_BYTES"]))
-        ba, bb = self.tile_shape(geometry, config.get("BA", 64), config.get("BB", 64))
+                             self.narrow_width(n, m, call.unit, config["tile_bytes"]))
+        ba, bb = self.tile_shape(geometry, config.get("a_block", 64), config.get("b_block", 64))
         return TiledPlan(geometry, False, ba, bb, 0, 0)
 
     def supports(self, call: PermuteCall) -> str | None:
@@ -385,10 +398,12 @@ class TiledBackend(_TritonBackend):
         elem = call.unit * call.tile[0] if call.tile else call.esize
         ba, bb = TILE_EDGES.get(elem, (32, 32))
         big = call.numel * call.input.element_size() >= (64 << 20)
-        general = [{"BA": ba, "BB": bb, "num_warps": 4, "TPP": 2 if big else 1},
-                   {"BA": ba, "BB": 2 * bb, "num_warps": 8, "TPP": 1},
-                   {"BA": max(8, ba // 2), "BB": bb, "num_warps": 4, "TPP": 4 if big else 1},
-                   {"BA": 2 * ba, "BB": bb, "num_warps": 8, "TPP": 1}]
+        general = [{"a_block": ba, "b_block": bb, "num_warps": 4,
+                    "tiles_per_program": 2 if big else 1},
+                   {"a_block": ba, "b_block": 2 * bb, "num_warps": 8, "tiles_per_program": 1},
+                   {"a_block": max(8, ba // 2), "b_block": bb, "num_warps": 4,
+                    "tiles_per_program": 4 if big else 1},
+                   {"a_block": 2 * ba, "b_block": bb, "num_warps": 8, "tiles_per_program": 1}]
         # The cold model runs the first config: the one nearest the best in a sweep of every
         # config (benchmarks/results/h200/fits/permute.md, "tiled: the first config").
         if big and elem >= 2:
@@ -401,8 +416,10 @@ class TiledBackend(_TritonBackend):
             general[0], general[2] = general[2], general[0]
         plan = _plan(call) if call.tile is not None else None
         if plan is not None and plan.narrow:
-            narrow = [{"NARROW": True, "TILE_BYTES": 16384, "num_warps": 4, "TPP": 2 if big else 1},
-                      {"NARROW": True, "TILE_BYTES": 32768, "num_warps": 8, "TPP": 1}]
+            narrow = [{"narrow": True, "tile_bytes": 16384, "num_warps": 4,
+                       "tiles_per_program": 2 if big else 1},
+                      {"narrow": True, "tile_bytes": 32768, "num_warps": 8,
+                       "tiles_per_program": 1}]
             if plan.narrow == "out" and any(stride % 16 for _, stride in plan.b_dims):
                 # The narrow kernel loads its rows at the input strides of the narrow group;
                 # unless each is a multiple of 16 elements (the only divisibility Triton is told
@@ -428,6 +445,7 @@ class TiledBackend(_TritonBackend):
         return ba, bb
 
     def _prepare(self, call: PermuteCall, config):
+        refuse_unknown(self.name, config, CONFIG_KEYS)
         plan = _plan(call)
         unit, w = call.unit, plan.w
         batch = []
@@ -435,23 +453,24 @@ class TiledBackend(_TritonBackend):
             batch += [size, s_in, s_out]
         batch += [1, 0, 0] * (MAX_BATCH - len(plan.batch))
         n_units = call.numel * call.input.element_size() // unit
-        if config.get("NARROW") and plan.narrow:
+        if config.get("narrow") and plan.narrow:
             launch, ints = self._narrow_launch(call, plan, config, batch, n_units)
             return _prepared_copy(call, launch, ints)
-        if "BA" not in config:  # a narrow config memoised for a call that is not narrow
+        if "a_block" not in config:  # a narrow config memoised for a call that is not narrow
             config = self.configs(call)[0]
-            if "BA" not in config:
-                config = {**config, "BA": 64, "BB": 64}
-        ba, bb = self.tile_shape(plan, config["BA"], config["BB"])
+            if "a_block" not in config:
+                config = {**config, "a_block": 64, "b_block": 64}
+        ba, bb = self.tile_shape(plan, config["a_block"], config["b_block"])
         n_ta, n_tb = cdiv(plan.A, ba), cdiv(plan.B, bb)
         n_tiles = plan.n_batch * n_ta * n_tb
-        tpp = _tiles_per_program(config["TPP"], n_tiles)
+        tpp = _tiles_per_program(config["tiles_per_program"], n_tiles)
         ints = (plan.A, plan.B, n_ta, n_tb, *plan.group_args(plan.a_dims),
                 *plan.group_args(plan.b_dims), *batch)
         na, nb, nc = len(plan.a_dims), len(plan.b_dims), len(plan.batch)
         i64 = needs_int64(n_units + (ba + bb) * w, call.span * w + (ba + bb) * w)
         warps = config["num_warps"]
-        spec = tiled_launch_plan(UNIT_DTYPES[unit], ints, na, nb, nc, ba, bb, w, tpp, i64, warps)
+        spec = tiled_launch_plan(UNIT_DTYPES[unit], ints, na, nb, nc, ba, bb, w, tpp,
+                                 plan.A % ba == 0, plan.B % bb == 0, i64, warps)
         return _prepared_copy(call, _TILED.bind(spec, (n_tiles // tpp,), call.info.index), ints)
 
     @staticmethod
@@ -467,10 +486,10 @@ class TiledBackend(_TritonBackend):
         n, m = (plan.A, plan.B) if narrow_in else (plan.B, plan.A)
         group = plan.a_dims if narrow_in else plan.b_dims
         np_ = next_pow2(n)
-        bw = TiledBackend.narrow_width(n, m, call.unit, config["TILE_BYTES"])
+        bw = TiledBackend.narrow_width(n, m, call.unit, config["tile_bytes"])
         n_tm = cdiv(m, bw)
         n_tiles = plan.n_batch * n_tm
-        tpp = _tiles_per_program(config["TPP"], n_tiles)
+        tpp = _tiles_per_program(config["tiles_per_program"], n_tiles)
         ints = (m, n_tm, *plan.group_args(group), *batch)
         ng, nc, warps = len(group), len(plan.batch), config["num_warps"]
         i64 = needs_int64(n_units + np_ * bw, call.span + np_ * bw)
