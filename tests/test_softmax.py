@@ -162,9 +162,9 @@ def test_dtypes(cpu_triton, backend, dtype):
 
 
 @pytest.mark.parametrize("config", [
-    {"BLOCK_N": 256, "num_warps": 4, "SPLIT": 1},   # several chunks, two passes in one program
-    {"BLOCK_N": 128, "num_warps": 4, "SPLIT": 3},   # split rows: stats, then combine + normalise
-    {"BLOCK_N": 64, "num_warps": 4, "SPLIT": 40},   # more parts than needed: clamped
+    {"block": 256, "num_warps": 4, "split": 1},   # several chunks, two passes in one program
+    {"block": 128, "num_warps": 4, "split": 3},   # split rows: stats, then combine + normalise
+    {"block": 64, "num_warps": 4, "split": 40},   # more parts than needed: clamped
 ])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
@@ -176,13 +176,13 @@ def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
         x[2, :900] = float("-inf")  # whole chunks of -inf, before finite ones
         got = run_config(x, -1, log, "online", config)
         assert_matches(got, x, -1, log, backend=f"online {config}")
-    split = config["SPLIT"] > 1
+    split = config["split"] > 1
     assert len(grids["_online_fwd_kernel"]) == (0 if split else 3)
     assert len(grids["_split_stats_kernel"]) == (3 if split else 0)
     assert len(grids["_split_norm_kernel"]) == (3 if split else 0)
     if split:  # 1100 elements in chunks of whole blocks: never more parts than blocks
         parts = grids["_split_stats_kernel"][0][0] // 3
-        assert 1 < parts <= -(-1100 // config["BLOCK_N"])
+        assert 1 < parts <= -(-1100 // config["block"])
 
 
 @pytest.mark.parametrize("chunk", [256, 128])
@@ -197,7 +197,7 @@ def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
         x = (torch.randn(3, 1100) * 5).to(dtype)
         x[1, 700:] = float("-inf")  # whole chunks of -inf, after finite ones
         x[2, :900] = float("-inf")  # whole chunks of -inf, before finite ones
-        got = run_config(x, -1, log, "online", {"COOP_CHUNK": chunk, "num_warps": 4})
+        got = run_config(x, -1, log, "online", {"chunk": chunk, "num_warps": 4})
         assert_matches(got, x, -1, log, backend=f"online coop {chunk}")
     assert grids["_coop_fwd_kernel"] == [(3 * -(-1100 // chunk),)] * 3
     # non-contiguous rows, a row of NaN and a row of +inf
@@ -205,7 +205,7 @@ def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
     x[1, 5] = float("nan")
     x[2, 1000] = float("inf")
     assert_matches(run_config(x.t().contiguous().t(), -1, log, "online",
-                              {"COOP_CHUNK": chunk, "num_warps": 4}), x, -1, log,
+                              {"chunk": chunk, "num_warps": 4}), x, -1, log,
                    backend="online coop")
 
 
@@ -219,33 +219,33 @@ def test_cooperative_split_limits(cpu_triton, monkeypatch):
 
     call = gpu_call(1 << 20, 132)
     assert sm.coop_split(call, 16384) == 64 and sm.coop_split(call, 8192) is None
-    assert [c["COOP_CHUNK"] for c in sm.OnlineBackend.coop_configs(call)] == [16384]
+    assert [c["chunk"] for c in sm.OnlineBackend.coop_configs(call)] == [16384]
     call = gpu_call(1 << 20, 16)
     assert sm.OnlineBackend.coop_configs(call) == []
-    assert "COOP_CHUNK" not in sm.OP.backend("online").configs(call)[0]
+    assert "chunk" not in sm.OP.backend("online").configs(call)[0]
     assert sm.coop_split(gpu_call(50257, 132), 8192) == 7
     assert sm.coop_split(gpu_call(16384, 132), 16384) is None  # one chunk: that is fused's job
     # The cold model runs the smallest chunk a row takes (bench_random on the H200: 4096 x 4
     # warps tuned on 11 of 17 cooperative calls, 16384 on none).
-    assert sm.OnlineBackend.coop_configs(gpu_call(66117, 132))[0] == {"COOP_CHUNK": 4096,
+    assert sm.OnlineBackend.coop_configs(gpu_call(66117, 132))[0] == {"chunk": 4096,
                                                                       "num_warps": 4}
-    assert sm.OP.backend("online").configs(gpu_call(66117, 132))[0]["COOP_CHUNK"] == 4096
+    assert sm.OP.backend("online").configs(gpu_call(66117, 132))[0]["chunk"] == 4096
 
 
 def test_cooperative_config_outside_its_limits(cpu_triton, monkeypatch):
     """A cached config from the same shape bucket may not suit this row: plain online runs."""
     grids = spy(monkeypatch, "_coop_fwd_kernel", "_online_fwd_kernel", "_split_stats_kernel")
     x = torch.randn(2, 1500)
-    got = run_config(x, -1, False, "online", {"COOP_CHUNK": 2048, "num_warps": 4})  # one chunk
+    got = run_config(x, -1, False, "online", {"chunk": 2048, "num_warps": 4})  # one chunk
     assert_matches(got, x, -1, False, backend="online")
     assert not grids["_coop_fwd_kernel"] and (grids["_online_fwd_kernel"]
                                               or grids["_split_stats_kernel"])
 
 
 @pytest.mark.parametrize("config", [
-    {"BLOCK_I": 4, "TILE": 32, "WARP_SCALE": 1},   # the dim in chunks of 2: two passes
-    {"BLOCK_I": 2, "TILE": 1024, "WARP_SCALE": 2},  # narrow column blocks, whole dim at once
-    {"BLOCK_I": 64, "TILE": 64, "WARP_SCALE": 1},   # block wider than inner: clamped
+    {"inner_block": 4, "tile": 32, "warp_scale": 1},   # the dim in chunks of 2: two passes
+    {"inner_block": 2, "tile": 1024, "warp_scale": 2},  # narrow column blocks, whole dim at once
+    {"inner_block": 64, "tile": 64, "warp_scale": 1},   # block wider than inner: clamped
 ])
 def test_strided_configs(cpu_triton, config):
     torch.manual_seed(4)
@@ -254,16 +254,66 @@ def test_strided_configs(cpu_triton, config):
     x[2, :20, 0] = float("-inf")
     for log in (False, True):
         assert_matches(run_config(x, 1, log, "strided", config), x, 1, log, backend="strided")
-    bi, bn, single = sm._strided_plan(37, 5, 3, 4, 2, config["BLOCK_I"], config["TILE"])
-    assert single == (config["TILE"] >= 64 * bi) and bi <= 8 and (single or bn < 37)
+    bi, bn, single = sm._strided_plan(37, 5, 3, 4, 2, config["inner_block"], config["tile"])
+    assert single == (config["tile"] >= 64 * bi) and bi <= 8 and (single or bn < 37)
 
 
 def test_multirow_configs(cpu_triton):
     torch.manual_seed(5)
     x = torch.randn(37, 12)
-    for cfg in ({"BLOCK_R": 8, "num_warps": 4, "NUM_STAGES": 2},
-                {"BLOCK_R": 1024, "num_warps": 8, "NUM_STAGES": 1}):
+    for cfg in ({"rows_per_tile": 8, "num_warps": 4, "pipeline_stages": 2},
+                {"rows_per_tile": 1024, "num_warps": 8, "pipeline_stages": 1}):
         assert_matches(run_config(x, -1, False, "multirow", cfg), x, -1, False, backend="multirow")
+
+
+#: Configs as tune records written before issue 34 stored them (the kernels' old constexpr names).
+OLD_CONFIGS = {
+    "fused": ((4, 300), {"num_warps": 4, "NUM_STAGES": 2}),
+    "multirow": ((4, 300 // 3), {"BLOCK_R": 8, "num_warps": 4, "NUM_STAGES": 2}),
+    "online": ((2, 1500), {"BLOCK_N": 256, "num_warps": 4, "SPLIT": 1}),
+    "strided": ((3, 5, 7), {"BLOCK_I": 4, "TILE": 64, "WARP_SCALE": 1}),
+}
+
+
+def test_configs_under_old_names_are_measured_again_never_misread(cpu_triton, monkeypatch):
+    """A tune record under the old config keys (BLOCK_R, NUM_STAGES, SPLIT, BLOCK_I, TILE...),
+    even filed under today's source hash, holds a config the backend does not offer: it is
+    ignored with a warning, the model decides until tuning measures again, and no kernel runs
+    with it; run and bind refuse the old keys outright (InvalidArgument), as they refuse a
+    config missing a key, instead of reading defaults in their place."""
+    from opselect.dispatch import op as dispatch_op
+    from opselect.errors import CacheWarning
+    from opselect.tune_cache import store
+
+    monkeypatch.setattr(dispatch_op, "_foreign_configs_told", set())
+    torch.manual_seed(34)
+    old_coop = {"COOP_CHUNK": 256, "num_warps": 4}
+    for name, (shape, old) in OLD_CONFIGS.items():
+        x = torch.randn(shape)
+        dim = 1 if name == "strided" else -1
+        call = sm.OP.prepare(x, dim)
+        backend = sm.OP.backend(name)
+        assert backend.supports(call) is None
+        store().put_timings("softmax", call.info, call.key[1:],
+                            {name: (1e-9, old, backend.source_hash)})
+        with pytest.warns(CacheWarning, match="that the backend does not offer") as told:
+            decision = sm.OP.decide(call)
+        assert any(f"config of softmax/{name} " in str(w.message) for w in told), name
+        assert decision.candidate(name).measured_s is None, name
+        assert decision.source == "model"
+        assert decision.config in [dict(c) for c in sm.OP.backend(decision.choice).configs(call)]
+        today = backend.configs(call)[0]
+        refused = [(old, "are not this backend's"),
+                   (dict(list(today.items())[1:]), "are missing")]
+        if name == "online":
+            refused.append((old_coop, "are not this backend's"))
+        for config, why in refused:
+            with pytest.raises(InvalidArgument, match=why):
+                backend.run(call, config)
+            with pytest.raises(InvalidArgument, match=why):
+                backend.bind(call, config)
+        # Today's names run.
+        assert_matches(backend.run(call, today), x, dim, False, backend=name)
 
 
 def test_many_tiles_per_program(cpu_triton, monkeypatch):
@@ -275,8 +325,8 @@ def test_many_tiles_per_program(cpu_triton, monkeypatch):
     x = torch.randn(23, 9)
     for log in (False, True):
         assert_matches(fn(log)(x, backend="fused"), x, -1, log, backend="fused")
-        assert_matches(run_config(x, -1, log, "multirow", {"BLOCK_R": 2, "num_warps": 4,
-                                                           "NUM_STAGES": 2}),
+        assert_matches(run_config(x, -1, log, "multirow", {"rows_per_tile": 2, "num_warps": 4,
+                                                           "pipeline_stages": 2}),
                        x, -1, log, backend="multirow")
     # fused: 23 one-row tiles over 2 programs' worth; multirow: 12 two-row tiles
     assert grids["_rows_fwd_kernel"] == [(3,), (2,)] * 2
@@ -381,7 +431,7 @@ def test_edge_values(cpu_triton, dtype):
         # and long rows through online (pad each row with -inf to 1100 elements)
         pad = torch.full((8, 1092), float("-inf"), dtype=dtype)
         xl = torch.cat([x, pad], 1)
-        got = run_config(xl, -1, log, "online", {"BLOCK_N": 128, "num_warps": 4, "SPLIT": 2})
+        got = run_config(xl, -1, log, "online", {"block": 128, "num_warps": 4, "split": 2})
         assert_matches(got, xl, -1, log, backend="online")
 
 
@@ -757,7 +807,7 @@ def test_gpu_cooperative_gives_up_waiting(cuda, monkeypatch):
     patch_everywhere(monkeypatch, "COOP_SPIN_LIMIT", 1)
     x = torch.randn(64, 131072, device=cuda) * 3
     for log in (False, True):
-        got = run_config(x, -1, log, "online", {"COOP_CHUNK": 8192, "num_warps": 8})
+        got = run_config(x, -1, log, "online", {"chunk": 8192, "num_warps": 8})
         assert_matches(got, x, -1, log, backend="online coop, no waiting")
 
 

@@ -184,7 +184,7 @@ def _warps(elements: int) -> int:
 # ---------------------------------------------------------------------------------------------
 def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
                           sm_count: int) -> tuple[int, bool]:
-    """(BLOCK_I, SINGLE) of the strided backward: common._strided_plan with a tile of
+    """(inner_block, single) of the strided backward: common._strided_plan with a tile of
     BWD_STRIDED_TILE (the heuristics do not import the kernels; a test keeps the two equal)."""
     pn = _pow2(n)
     wide_i = max(1, min(_pow2(inner), 128 // itemsize))

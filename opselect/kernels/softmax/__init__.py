@@ -8,19 +8,19 @@ dims after. Five forward algorithms:
             one read and one write per element; num_warps grows with the row (~16 values per
             thread). When rows vastly outnumber the programs that fit on the GPU, each program
             takes several rows (a persistent-style grid) and the loop over them is software-
-            pipelined (NUM_STAGES), so the next row's load overlaps this row's reductions.
-  multirow  inner == 1, N <= MULTIROW_MAX: a [BLOCK_R x BLOCK_N] tile of many short rows per
-            program, so a program moves kilobytes, not one 64-byte row.
+            pipelined (pipeline_stages), so the next row's load overlaps this row's reductions.
+  multirow  inner == 1, N <= MULTIROW_MAX: a [rows_per_tile x row_block] tile of many short
+            rows per program, so a program moves kilobytes, not one 64-byte row.
   online    inner == 1, N > ONLINE_MIN: rows too long for registers. One pass keeps a running max
             and sum per lane (online softmax: s = s * exp(m_old - m_new) + exp(x - m_new)), a
             second pass normalises, reading the chunks in reverse so the ones read last (still in
-            L2) come first. With few rows, each row is split over SPLIT programs: a stats kernel
+            L2) come first. With few rows, each row is split over `split` programs: a stats kernel
             writes (max, sum) per chunk, a normalising kernel combines them and runs in reverse
             program order.
   strided   inner > 1: softmax over a non-innermost dim with no transpose copy. A program owns
-            BLOCK_I contiguous inner columns and reduces a [BLOCK_N x BLOCK_I] tile along axis 0
-            (single load when the whole dim fits, else the online two-pass scheme over chunks of
-            the dim).
+            inner_block contiguous inner columns and reduces a [dim_block x inner_block] tile
+            along axis 0 (single load when the whole dim fits, else the online two-pass scheme
+            over chunks of the dim).
 
 Backward (ops.softmax under autograd): a torch.autograd.Function whose backward runs its own
 kernels, whichever forward backend ran (torch's backend uses torch's own autograd):

@@ -12,11 +12,12 @@ import triton
 import triton.language as tl
 
 from ...dispatch.device import device_info
-from .._common import Launcher, cdiv, needs_int64, next_pow2
+from ...dispatch.backend import Backend
+from .._common import cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall, _collapse
 from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _empty_out, _new, _resident,
-                     _row_and_part, _strided_plan, _tiles_per_program, _warps, strided_constexprs,
-                     strided_launch_plan)
+                     _row_and_part, _strided_plan, _tiles_per_program, _warps, check_config,
+                     plan_launcher, strided_launch_plan)
 
 
 # Backward rows kernel: rows up to this long are held in registers (two tensors: y and dy).
@@ -30,8 +31,8 @@ BWD_SINGLE_MAX_F64 = 8192
 # Kernels: backward. y and dx are contiguous; dy (g) has its own strides.
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _grad(y, g, t, LOG: tl.constexpr):
-    if LOG:
+def _grad(y, g, t, log: tl.constexpr):
+    if log:
         dx = g - tl.exp(y) * t
     else:
         dx = y * (g - t)
@@ -40,146 +41,149 @@ def _grad(y, g, t, LOG: tl.constexpr):
 
 @triton.jit
 def _rows_bwd_kernel(y_ptr, g_ptr, dx_ptr, R, n_q, sg_q, tiles_per_program,
-                     ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-                     SINGLE: tl.constexpr, NUM_STAGES: tl.constexpr, I64: tl.constexpr):
-    """Rows: SINGLE holds [BLOCK_R x N] of y and dy in registers (two reads, one write); else one
-    row at a time in two passes over chunks (the sum, then dx, the second pass backwards)."""
-    N = n_q * ALIGN
+                     align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                     rows_per_tile: tl.constexpr, row_block: tl.constexpr, even_row: tl.constexpr,
+                     single: tl.constexpr, pipeline_stages: tl.constexpr,
+                     offsets_64bit: tl.constexpr):
+    """Rows: single holds [rows_per_tile x N] of y and dy in registers (two reads, one write);
+    else one row at a time in two passes over chunks (the sum, then dx, the second pass
+    backwards)."""
+    N = n_q * align
     pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    for i in tl.range(0, tiles_per_program, num_stages=NUM_STAGES):
+    cols = tl.arange(0, row_block)
+    for i in tl.range(0, tiles_per_program, num_stages=pipeline_stages):
         tile = pid * tiles_per_program + i
-        if I64:
+        if offsets_64bit:
             tile = tile.to(tl.int64)
-        rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows = tile * rows_per_tile + tl.arange(0, rows_per_tile)
         rmask = rows[:, None] < R
-        y_off = (rows * n_q * ALIGN)[:, None]
-        g_off = (rows * sg_q * ALIGN)[:, None]
-        if SINGLE:
+        y_off = (rows * n_q * align)[:, None]
+        g_off = (rows * sg_q * align)[:, None]
+        if single:
             mask = rmask
-            if not EVEN_N:
+            if not even_row:
                 mask = mask & (cols[None, :] < N)
-            y = _acc(tl.load(y_ptr + y_off + cols[None, :], mask=mask, other=0.0), F64)
-            g = _acc(tl.load(g_ptr + g_off + cols[None, :], mask=mask, other=0.0), F64)
-            if LOG:
+            y = _acc(tl.load(y_ptr + y_off + cols[None, :], mask=mask, other=0.0), f64)
+            g = _acc(tl.load(g_ptr + g_off + cols[None, :], mask=mask, other=0.0), f64)
+            if log:
                 t = tl.sum(g, axis=1, keep_dims=True)
             else:
                 t = tl.sum(g * y, axis=1, keep_dims=True)
             tl.store(dx_ptr + y_off + cols[None, :],
-                     _cast_for(_grad(y, g, t, LOG), dx_ptr), mask=mask)
+                     _cast_for(_grad(y, g, t, log), dx_ptr), mask=mask)
         else:
-            part = _acc(tl.zeros([BLOCK_R, BLOCK_N], tl.float32), F64)
-            for start in range(0, N, BLOCK_N):
+            part = _acc(tl.zeros([rows_per_tile, row_block], tl.float32), f64)
+            for start in range(0, N, row_block):
                 c = start + cols[None, :]
                 mask = rmask & (c < N)
-                g = _acc(tl.load(g_ptr + g_off + c, mask=mask, other=0.0), F64)
-                if LOG:
+                g = _acc(tl.load(g_ptr + g_off + c, mask=mask, other=0.0), f64)
+                if log:
                     part += g
                 else:
-                    part += g * _acc(tl.load(y_ptr + y_off + c, mask=mask, other=0.0), F64)
+                    part += g * _acc(tl.load(y_ptr + y_off + c, mask=mask, other=0.0), f64)
             t = tl.sum(part, axis=1, keep_dims=True)
-            n_chunks = tl.cdiv(N, BLOCK_N)
+            n_chunks = tl.cdiv(N, row_block)
             for j in range(0, n_chunks):
-                c = (n_chunks - 1 - j) * BLOCK_N + cols[None, :]
+                c = (n_chunks - 1 - j) * row_block + cols[None, :]
                 mask = rmask & (c < N)
-                y = _acc(tl.load(y_ptr + y_off + c, mask=mask, other=0.0), F64)
-                g = _acc(tl.load(g_ptr + g_off + c, mask=mask, other=0.0), F64)
-                tl.store(dx_ptr + y_off + c, _cast_for(_grad(y, g, t, LOG), dx_ptr),
+                y = _acc(tl.load(y_ptr + y_off + c, mask=mask, other=0.0), f64)
+                g = _acc(tl.load(g_ptr + g_off + c, mask=mask, other=0.0), f64)
+                tl.store(dx_ptr + y_off + c, _cast_for(_grad(y, g, t, log), dx_ptr),
                          mask=mask)
 
 
 @triton.jit
 def _split_bwd_sum_kernel(y_ptr, g_ptr, t_ptr, n_q, sg_q, chunk, split,
-                          ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                          BLOCK_N: tl.constexpr, I64: tl.constexpr):
+                          align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                          block: tl.constexpr, offsets_64bit: tl.constexpr):
     """Few long rows, step 1: the partial sum (of dy, or dy * y) of one chunk of one row."""
-    N = n_q * ALIGN
+    N = n_q * align
     pid = tl.program_id(0)
-    row, part = _row_and_part(pid, split, I64)
+    row, part = _row_and_part(pid, split, offsets_64bit)
     first = part * chunk
-    cols = tl.arange(0, BLOCK_N)
-    acc = _acc(tl.zeros([BLOCK_N], tl.float32), F64)
-    for start in range(0, chunk, BLOCK_N):
+    cols = tl.arange(0, block)
+    acc = _acc(tl.zeros([block], tl.float32), f64)
+    for start in range(0, chunk, block):
         offs = first + start + cols
         mask = offs < N
-        g = _acc(tl.load(g_ptr + row * sg_q * ALIGN + offs, mask=mask, other=0.0), F64)
-        if LOG:
+        g = _acc(tl.load(g_ptr + row * sg_q * align + offs, mask=mask, other=0.0), f64)
+        if log:
             acc += g
         else:
-            acc += g * _acc(tl.load(y_ptr + row * n_q * ALIGN + offs, mask=mask, other=0.0), F64)
+            acc += g * _acc(tl.load(y_ptr + row * n_q * align + offs, mask=mask, other=0.0), f64)
     tl.store(t_ptr + pid + tl.arange(0, 1), tl.sum(acc, axis=0, keep_dims=True))
 
 
 @triton.jit
 def _split_bwd_apply_kernel(y_ptr, g_ptr, dx_ptr, t_ptr, n_q, sg_q, chunk, split,
-                            ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                            SPLIT_POW2: tl.constexpr, BLOCK_N: tl.constexpr, I64: tl.constexpr):
+                            align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                            split_padded: tl.constexpr, block: tl.constexpr,
+                            offsets_64bit: tl.constexpr):
     """Few long rows, step 2 (reverse order, for L2 hits): dx of one chunk."""
-    N = n_q * ALIGN
+    N = n_q * align
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    row, part = _row_and_part(pid, split, I64)
-    k = tl.arange(0, SPLIT_POW2)
+    row, part = _row_and_part(pid, split, offsets_64bit)
+    k = tl.arange(0, split_padded)
     t = tl.sum(tl.load(t_ptr + row * split + k, mask=k < split, other=0.0), axis=0, keep_dims=True)
-    cols = tl.arange(0, BLOCK_N)
-    last = part * chunk + chunk - BLOCK_N
-    for start in range(0, chunk, BLOCK_N):
+    cols = tl.arange(0, block)
+    last = part * chunk + chunk - block
+    for start in range(0, chunk, block):
         offs = last - start + cols
         mask = offs < N
-        y = _acc(tl.load(y_ptr + row * n_q * ALIGN + offs, mask=mask, other=0.0), F64)
-        g = _acc(tl.load(g_ptr + row * sg_q * ALIGN + offs, mask=mask, other=0.0), F64)
-        tl.store(dx_ptr + row * n_q * ALIGN + offs, _cast_for(_grad(y, g, t, LOG), dx_ptr),
+        y = _acc(tl.load(y_ptr + row * n_q * align + offs, mask=mask, other=0.0), f64)
+        g = _acc(tl.load(g_ptr + row * sg_q * align + offs, mask=mask, other=0.0), f64)
+        tl.store(dx_ptr + row * n_q * align + offs, _cast_for(_grad(y, g, t, log), dx_ptr),
                  mask=mask)
 
 
 @triton.jit
 def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_q,
-                        ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, SINGLE: tl.constexpr,
-                        I64: tl.constexpr):
-    """Backward of strided: [BLOCK_N x BLOCK_I] tiles reduced along axis 0."""
-    inner = inner_q * ALIGN
+                        align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                        dim_block: tl.constexpr, inner_block: tl.constexpr, single: tl.constexpr,
+                        offsets_64bit: tl.constexpr):
+    """Backward of strided: [dim_block x inner_block] tiles reduced along axis 0."""
+    inner = inner_q * align
     pid = tl.program_id(0)
     o = pid // n_iblocks
     ib = pid % n_iblocks
-    r = tl.arange(0, BLOCK_N)
-    if I64:
+    r = tl.arange(0, dim_block)
+    if offsets_64bit:
         o = o.to(tl.int64)
         r = r.to(tl.int64)
-    cols = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    cols = ib * inner_block + tl.arange(0, inner_block)
     cmask = cols[None, :] < inner
     y_base = y_ptr + o * N * inner + cols[None, :]
     dx_base = dx_ptr + o * N * inner + cols[None, :]
-    g_base = g_ptr + o * sgo_q * ALIGN + cols[None, :]
-    if SINGLE:
+    g_base = g_ptr + o * sgo_q * align + cols[None, :]
+    if single:
         mask = (r[:, None] < N) & cmask
-        y = _acc(tl.load(y_base + (r * inner)[:, None], mask=mask, other=0.0), F64)
-        g = _acc(tl.load(g_base + (r * sgn_q * ALIGN)[:, None], mask=mask, other=0.0), F64)
-        if LOG:
+        y = _acc(tl.load(y_base + (r * inner)[:, None], mask=mask, other=0.0), f64)
+        g = _acc(tl.load(g_base + (r * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
+        if log:
             t = tl.sum(g, axis=0, keep_dims=True)
         else:
             t = tl.sum(g * y, axis=0, keep_dims=True)
-        tl.store(dx_base + (r * inner)[:, None], _cast_for(_grad(y, g, t, LOG), dx_ptr),
+        tl.store(dx_base + (r * inner)[:, None], _cast_for(_grad(y, g, t, log), dx_ptr),
                  mask=mask)
     else:
-        part = _acc(tl.zeros([BLOCK_N, BLOCK_I], tl.float32), F64)
-        for start in range(0, N, BLOCK_N):
+        part = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
+        for start in range(0, N, dim_block):
             rr = start + r
             mask = (rr[:, None] < N) & cmask
-            g = _acc(tl.load(g_base + (rr * sgn_q * ALIGN)[:, None], mask=mask, other=0.0), F64)
-            if LOG:
+            g = _acc(tl.load(g_base + (rr * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
+            if log:
                 part += g
             else:
-                part += g * _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), F64)
+                part += g * _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), f64)
         t = tl.sum(part, axis=0, keep_dims=True)
-        n_chunks = tl.cdiv(N, BLOCK_N)
+        n_chunks = tl.cdiv(N, dim_block)
         for i in range(0, n_chunks):
-            rr = (n_chunks - 1 - i) * BLOCK_N + r
+            rr = (n_chunks - 1 - i) * dim_block + r
             mask = (rr[:, None] < N) & cmask
-            y = _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), F64)
-            g = _acc(tl.load(g_base + (rr * sgn_q * ALIGN)[:, None], mask=mask, other=0.0), F64)
+            y = _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), f64)
+            g = _acc(tl.load(g_base + (rr * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
             tl.store(dx_base + (rr * inner)[:, None],
-                     _cast_for(_grad(y, g, t, LOG), dx_ptr), mask=mask)
+                     _cast_for(_grad(y, g, t, log), dx_ptr), mask=mask)
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,16 +193,21 @@ class RowsBackwardPlan:
     y_dtype: torch.dtype  # of the forward's output
     grad_dtype: torch.dtype  # of the upstream gradient
     dx_dtype: torch.dtype  # of the gradient written
-    ints: tuple  # every integer argument: rows, N / ALIGN, dy's row stride / ALIGN, tiles each
+    ints: tuple  # every integer argument: rows, N / align, dy's row stride / align, tiles each
     align: int  # the power of two (<= 16) dividing N and the strides
     log: bool  # log_softmax
     f64: bool  # accumulate in float64
-    rows_per_tile: int  # BLOCK_R
-    row_block: int  # BLOCK_N: the row padded to a power of two, or a chunk of it
+    rows_per_tile: int
+    row_block: int  # the row padded to a power of two, or a chunk of it
     single: bool  # the row in registers (one read of y and dy) or two passes over chunks
-    stages: int  # software pipelining of a program's tiles
+    pipeline_stages: int  # software pipelining of a program's tiles
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int
+    num_warps: int
+
+    @property
+    def even_row(self) -> bool:
+        """The row is its padded block (no column mask)."""
+        return self.row_block == self.ints[1] * self.align
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,33 +217,27 @@ class SplitBackwardPlan:
     y_dtype: torch.dtype
     grad_dtype: torch.dtype
     dx_dtype: torch.dtype
-    ints: tuple  # N / ALIGN, dy's row stride / ALIGN, chunk, programs per row
+    ints: tuple  # N / align, dy's row stride / align, chunk, programs per row
     align: int
     log: bool
     f64: bool
-    block: int  # BLOCK_N: elements per step of a chunk
+    block: int  # elements per step of a chunk
     offsets_64bit: bool
+    num_warps: int = 8
+
+    @property
+    def split_padded(self) -> int:
+        """The programs per row (the last integer argument) padded to a power of two."""
+        return next_pow2(self.ints[3])
 
 
 rows_backward_plan = functools.lru_cache(maxsize=4096)(RowsBackwardPlan)
 split_backward_plan = functools.lru_cache(maxsize=4096)(SplitBackwardPlan)
 
-_ROWS_BWD = Launcher(_rows_bwd_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_R=p.rows_per_tile, BLOCK_N=p.row_block,
-    EVEN_N=p.row_block == p.ints[1] * p.align, SINGLE=p.single, NUM_STAGES=p.stages,
-    I64=p.offsets_64bit, num_warps=p.warps))
-
-
-_SPLIT_BWD_SUM = Launcher(_split_bwd_sum_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_N=p.block, I64=p.offsets_64bit, num_warps=8))
-
-
-_SPLIT_BWD_APPLY = Launcher(_split_bwd_apply_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, SPLIT_POW2=next_pow2(p.ints[3]), BLOCK_N=p.block,
-    I64=p.offsets_64bit, num_warps=8))
-
-
-_STRIDED_BWD = Launcher(_strided_bwd_kernel, strided_constexprs)
+_ROWS_BWD = plan_launcher(_rows_bwd_kernel)
+_SPLIT_BWD_SUM = plan_launcher(_split_bwd_sum_kernel)
+_SPLIT_BWD_APPLY = plan_launcher(_split_bwd_apply_kernel)
+_STRIDED_BWD = plan_launcher(_strided_bwd_kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,6 +363,30 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
                               single, stages, i64, warps)
     _ROWS_BWD(plan, (cdiv(tiles, per),), (y, g, dx, *ints))
     return dx
+
+
+class ForwardBackend(Backend):
+    """A softmax backend of this package's kernels: run and bind check the config's keys
+    (CONFIG_KEYS, or config_keys(config) where a backend has two kinds of config) before the
+    backend's _forward(call, config) prepares the call's forward. An empty call launches
+    nothing: the dispatcher gives it the config {}, which is taken."""
+
+    CONFIG_KEYS: frozenset = frozenset()
+
+    def config_keys(self, config) -> frozenset:
+        return self.CONFIG_KEYS
+
+    def _check(self, call: SoftmaxCall, config) -> None:
+        if config or call.numel:
+            check_config(self.name, config, self.config_keys(config))
+
+    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
+        self._check(call, config)
+        return _run(call, lambda c: self._forward(c, config)(c.x))
+
+    def bind(self, call: SoftmaxCall, config):
+        self._check(call, config)
+        return None if call.grad or call.numel == 0 else self._forward(call, config)
 
 
 def _run(call: SoftmaxCall, launch) -> torch.Tensor:

@@ -4,6 +4,7 @@ that fused and multirow both launch, and the host arithmetic of warps, residency
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.device import INTERPRETED
+from ...errors import InvalidArgument
 from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall
 
@@ -34,9 +36,9 @@ WAVES = 16
 # Kernels: helpers
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _acc(v, F64: tl.constexpr):
+def _acc(v, f64: tl.constexpr):
     """The accumulation type: float64 for float64 outputs, else float32 (as torch's accscalar_t)."""
-    if F64:
+    if f64:
         r = v.to(tl.float64)
     else:
         r = v.to(tl.float32)
@@ -101,11 +103,11 @@ def _cast_for(v, ptr):
 
 
 @triton.jit
-def _finish(x, big, total, LOG: tl.constexpr):
+def _finish(x, big, total, log: tl.constexpr):
     """softmax = exp(x - max) / sum, log_softmax = (x - max) - log(sum). A row of -inf has
     max = -inf, so x - max is NaN there, as in torch."""
     z = x - big
-    if LOG:
+    if log:
         out = z - tl.log(total)
     else:
         out = tl.exp(z) * (1.0 / total)
@@ -113,11 +115,11 @@ def _finish(x, big, total, LOG: tl.constexpr):
 
 
 @triton.jit
-def _row_and_part(index, split, I64: tl.constexpr):
+def _row_and_part(index, split, offsets_64bit: tl.constexpr):
     """The row and the part of it that program `index` takes when rows are split in `split`."""
     row = index // split
     part = index % split
-    if I64:
+    if offsets_64bit:
         row = row.to(tl.int64)
         part = part.to(tl.int64)
     return row, part
@@ -128,40 +130,40 @@ def _row_and_part(index, split, I64: tl.constexpr):
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
-                     ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, I64: tl.constexpr):
-    """fused (BLOCK_R = 1) and multirow: whole rows in registers, one read and one write.
+                     align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                     rows_per_tile: tl.constexpr, row_block: tl.constexpr, even_row: tl.constexpr,
+                     pipeline_stages: tl.constexpr, offsets_64bit: tl.constexpr):
+    """fused (rows_per_tile = 1) and multirow: whole rows in registers, one read and one write.
 
-    N and the row strides arrive divided by ALIGN, their common power-of-two factor (<= 16), and are
-    multiplied back here: the compiler then knows every row starts ALIGN-aligned and that the column
-    mask is constant over ALIGN-wide groups, so it emits 16-byte vector accesses even when N is not
+    N and the row strides arrive divided by align, their common power-of-two factor (<= 16), and are
+    multiplied back here: the compiler then knows every row starts align-aligned and that the column
+    mask is constant over align-wide groups, so it emits 16-byte vector accesses even when N is not
     a multiple of 16 (Triton only assumes divisibility by 16 of integer arguments)."""
-    N = n_q * ALIGN
+    N = n_q * align
     pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, row_block)
     # The loop over this program's tiles is software-pipelined: the next tile's load is issued
     # before the current tile's reductions.
-    for i in tl.range(0, tiles_per_program, num_stages=NUM_STAGES):
+    for i in tl.range(0, tiles_per_program, num_stages=pipeline_stages):
         tile = pid * tiles_per_program + i
-        if I64:
+        if offsets_64bit:
             tile = tile.to(tl.int64)
-        rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows = tile * rows_per_tile + tl.arange(0, rows_per_tile)
         mask = rows[:, None] < R
-        if not EVEN_N:
+        if not even_row:
             mask = mask & (cols[None, :] < N)
-        x = tl.load(x_ptr + (rows * sx_q * ALIGN)[:, None] + cols[None, :], mask=mask,
+        x = tl.load(x_ptr + (rows * sx_q * align)[:, None] + cols[None, :], mask=mask,
                     other=float("-inf"))
-        x = _acc(x, F64)
+        x = _acc(x, f64)
         big = tl.max(x, axis=1, keep_dims=True)
         z = x - big
         e = tl.exp(z)
         total = tl.sum(e, axis=1, keep_dims=True)
-        if LOG:
+        if log:
             out = z - tl.log(total)
         else:
             out = e * (1.0 / total)
-        tl.store(y_ptr + (rows * sy_q * ALIGN)[:, None] + cols[None, :],
+        tl.store(y_ptr + (rows * sy_q * align)[:, None] + cols[None, :],
                  _cast_for(out, y_ptr), mask=mask)
 
 
@@ -170,9 +172,37 @@ def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
 # ---------------------------------------------------------------------------------------------
 # Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per plan, later
 # calls go straight to the compiled kernel. A plan (the spec) holds the input and output dtypes
-# (the scratch tensors' follow from F64), every integer argument, the constexprs and the warps;
-# each launcher maps its plan to the constexprs where it is declared. LAUNCHERS names them by
-# kernel, for tests that watch the launches.
+# (the scratch tensors' follow from f64), every integer argument, the constexprs and the warps;
+# a launcher reads each constexpr from the plan field of the parameter's name (plan_launcher).
+# LAUNCHERS names them by kernel, for tests that watch the launches.
+def plan_launcher(kernel) -> Launcher:
+    """The Launcher of a kernel whose spec is a plan: each constexpr parameter is the plan's
+    field (or property) of the same name, num_warps the plan's num_warps. One name for a tunable
+    from the tune cache's config to the kernel."""
+    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
+                  if "constexpr" in str(param.annotation))
+
+    def constexprs(plan) -> dict:
+        out = {name: getattr(plan, name) for name in names}
+        out["num_warps"] = plan.num_warps
+        return out
+
+    return Launcher(kernel, constexprs)
+
+
+def check_config(backend: str, config, keys: frozenset) -> None:
+    """Refuse a config whose keys are not the ones its backend reads. A config comes from the
+    tune cache (perhaps written by an older opselect, under older names) or from a script; read
+    with defaults in place of unknown keys, a timing would be filed under a config that never
+    ran."""
+    unknown, missing = set(config) - keys, keys - set(config)
+    wrong = ([f"keys {sorted(unknown)} are not this backend's"] if unknown else []) + (
+        [f"keys {sorted(missing)} are missing"] if missing else [])
+    if wrong:
+        raise InvalidArgument(f"softmax {backend}: config {'; '.join(wrong)} (it reads "
+                              f"{', '.join(sorted(keys))})")
+
+
 @dataclass(frozen=True, eq=False)
 class RowsPlan:
     """One launch of the rows kernel (fused: a row per tile; multirow: many rows per tile): the
@@ -180,55 +210,53 @@ class RowsPlan:
 
     in_dtype: torch.dtype  # of the tensor read (the input, or its torch cast)
     out_dtype: torch.dtype  # of the output
-    ints: tuple  # every integer argument: rows, N / ALIGN, the two row strides / ALIGN, tiles per program
+    ints: tuple  # every integer argument: rows, N / align, the two row strides / align, tiles per program
     align: int  # the power of two (<= 16) dividing N and the strides: 16-byte vectors
     log: bool  # log_softmax
     f64: bool  # accumulate in float64
-    rows_per_tile: int  # BLOCK_R
-    row_block: int  # BLOCK_N: the row padded to a power of two
-    stages: int  # software pipelining of a program's tiles
+    rows_per_tile: int
+    row_block: int  # the row padded to a power of two
+    pipeline_stages: int  # software pipelining of a program's tiles
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int
+    num_warps: int
+
+    @property
+    def even_row(self) -> bool:
+        """The row is its padded block (no column mask)."""
+        return self.row_block == self.ints[1] * self.align
 
 
 @functools.lru_cache(maxsize=4096)
-def rows_plan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block, stages,
-              offsets_64bit, warps) -> RowsPlan:
-    return RowsPlan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block, stages,
-                    offsets_64bit, warps)
+def rows_plan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block,
+              pipeline_stages, offsets_64bit, num_warps) -> RowsPlan:
+    return RowsPlan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block,
+                    pipeline_stages, offsets_64bit, num_warps)
 
 
-_ROWS_FWD = Launcher(_rows_fwd_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_R=p.rows_per_tile, BLOCK_N=p.row_block,
-    EVEN_N=p.row_block == p.ints[1] * p.align, NUM_STAGES=p.stages, I64=p.offsets_64bit,
-    num_warps=p.warps))
+_ROWS_FWD = plan_launcher(_rows_fwd_kernel)
 
 
 @dataclass(frozen=True, eq=False)
 class StridedPlan:
     """One launch of a strided kernel (softmax over a non-last dim, forward or backward: a tile of
-    [dim x BLOCK_I inner columns] per program): the Launcher's spec and constexpr source."""
+    [dim x inner_block inner columns] per program): the Launcher's spec and constexpr source."""
 
     in_dtype: torch.dtype  # of the tensor read (forward: x; backward: y)
     out_dtype: torch.dtype  # of the tensor written (forward: y; backward: dx)
     grad_dtype: torch.dtype | None  # backward: of the upstream gradient (None: forward)
-    ints: tuple  # every integer argument: the dim, inner / ALIGN, inner blocks, strides / ALIGN
+    ints: tuple  # every integer argument: the dim, inner / align, inner blocks, strides / align
     align: int  # the power of two (<= 16) dividing inner and the strides
     log: bool  # log_softmax
     f64: bool  # accumulate in float64
-    dim_block: int  # BLOCK_N: the dim padded to a power of two, or a chunk of it
-    inner_block: int  # BLOCK_I: inner columns per program
+    dim_block: int  # the dim padded to a power of two, or a chunk of it
+    inner_block: int  # inner columns per program
     single: bool  # the whole dim in registers (one read) or two passes
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int
+    num_warps: int
 
 
 strided_launch_plan = functools.lru_cache(maxsize=4096)(StridedPlan)
 
-
-def strided_constexprs(p: StridedPlan) -> dict:
-    return dict(ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_N=p.dim_block, BLOCK_I=p.inner_block,
-                SINGLE=p.single, I64=p.offsets_64bit, num_warps=p.warps)
 
 
 def _align(*values: int) -> int:
@@ -325,8 +353,9 @@ def _one_launch(read, launch, ints: tuple, shape: tuple, out_dtype: torch.dtype,
 
 def _strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
                   block_i: int | None = None, tile: int = TILE_MAX) -> tuple[int, int, bool]:
-    """(BLOCK_I, BLOCK_N, SINGLE) for a [dim x inner] reduction along axis 0: BLOCK_I inner columns
-    per program, and the whole dim in registers (SINGLE) when BLOCK_N x BLOCK_I fits in `tile`."""
+    """(inner_block, dim_block, single) for a [dim x inner] reduction along axis 0: inner_block
+    inner columns per program, and the whole dim in registers (single) when dim_block x
+    inner_block fits in `tile`."""
     pn = next_pow2(n)
     # Row segments of 128 bytes (a cache line) by default, at most 2 KB; down to 32 bytes (a
     # sector, still fully used) when that keeps the whole dim in registers or gives every SM work.

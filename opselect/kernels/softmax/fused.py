@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
 from .._common import next_pow2
-from .autograd import _run
+from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import _rows_fwd, _rows_reason, _warps
 
@@ -19,8 +17,13 @@ FUSED_MAX = 32768
 FUSED_MAX_F64 = 16384
 
 
-class FusedBackend(Backend):
+#: The keys of fused's configs.
+CONFIG_KEYS = frozenset({"num_warps", "pipeline_stages"})
+
+
+class FusedBackend(ForwardBackend):
     name = "fused"
+    CONFIG_KEYS = CONFIG_KEYS
 
     @staticmethod
     def limit(call: SoftmaxCall) -> int:
@@ -37,21 +40,15 @@ class FusedBackend(Backend):
         bn = next_pow2(call.n)
         w = _warps(bn)
         stages = 2 if bn * call.in_bytes <= 32 * 1024 else 1
-        cfgs = [{"num_warps": w, "NUM_STAGES": stages},
-                {"num_warps": min(32, 2 * w), "NUM_STAGES": stages},
-                {"num_warps": max(1, w // 2), "NUM_STAGES": stages},
-                {"num_warps": w, "NUM_STAGES": 3 - stages}]
+        cfgs = [{"num_warps": w, "pipeline_stages": stages},
+                {"num_warps": min(32, 2 * w), "pipeline_stages": stages},
+                {"num_warps": max(1, w // 2), "pipeline_stages": stages},
+                {"num_warps": w, "pipeline_stages": 3 - stages}]
         return [c for i, c in enumerate(cfgs) if c not in cfgs[:i]]
-
-    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: self._forward(c, config)(c.x))
-
-    def bind(self, call: SoftmaxCall, config):
-        return None if call.grad or call.numel == 0 else self._forward(call, config)
 
     @staticmethod
     def _forward(call: SoftmaxCall, config):
-        return _rows_fwd(call, 1, config["num_warps"], config["NUM_STAGES"])
+        return _rows_fwd(call, 1, config["num_warps"], config["pipeline_stages"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         return cost.fused(call, model, warps=self.configs(call)[0]["num_warps"])

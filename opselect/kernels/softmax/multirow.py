@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import torch
-
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
 from .._common import next_pow2
-from .autograd import _run
+from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import MULTIROW_MAX, _rows_fwd, _rows_reason
 
 
-class MultirowBackend(Backend):
+#: The keys of multirow's configs.
+CONFIG_KEYS = frozenset({"rows_per_tile", "num_warps", "pipeline_stages"})
+
+
+class MultirowBackend(ForwardBackend):
     name = "multirow"
+    CONFIG_KEYS = CONFIG_KEYS
 
     def supports(self, call: SoftmaxCall) -> str | None:
         reason = _rows_reason(call)
@@ -25,20 +28,15 @@ class MultirowBackend(Backend):
         bn = next_pow2(call.n)
         # ~4K elements per tile (16 KB of float32): enough bytes in flight per program.
         br = max(1, (2048 if call.f64 else 4096) // bn)
-        return [{"BLOCK_R": br, "num_warps": 4, "NUM_STAGES": 2},
-                {"BLOCK_R": 2 * br, "num_warps": 8, "NUM_STAGES": 2},
-                {"BLOCK_R": max(1, br // 2), "num_warps": 4, "NUM_STAGES": 2},
-                {"BLOCK_R": br, "num_warps": 4, "NUM_STAGES": 1}]
-
-    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: self._forward(c, config)(c.x))
-
-    def bind(self, call: SoftmaxCall, config):
-        return None if call.grad or call.numel == 0 else self._forward(call, config)
+        return [{"rows_per_tile": br, "num_warps": 4, "pipeline_stages": 2},
+                {"rows_per_tile": 2 * br, "num_warps": 8, "pipeline_stages": 2},
+                {"rows_per_tile": max(1, br // 2), "num_warps": 4, "pipeline_stages": 2},
+                {"rows_per_tile": br, "num_warps": 4, "pipeline_stages": 1}]
 
     @staticmethod
     def _forward(call: SoftmaxCall, config):
-        return _rows_fwd(call, config["BLOCK_R"], config["num_warps"], config["NUM_STAGES"])
+        return _rows_fwd(call, config["rows_per_tile"], config["num_warps"],
+                         config["pipeline_stages"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         return cost.multirow(call, model)

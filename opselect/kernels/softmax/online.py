@@ -10,13 +10,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
-from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
-from .autograd import _run
+from .._common import allocator, cdiv, needs_int64, next_pow2
+from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
-                     _read_dtype, _reader, _row_and_part, _rows_reason)
+                     _read_dtype, _reader, _row_and_part, _rows_reason, plan_launcher)
 
 
 # online takes rows longer than this (shorter ones are the fused and multirow backends' job).
@@ -25,49 +25,49 @@ ONLINE_MIN = 1024
 
 @triton.jit
 def _online_fwd_kernel(x_ptr, y_ptr, n_q, sx_q, sy_q,
-                       ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                       BLOCK_N: tl.constexpr, I64: tl.constexpr):
+                       align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                       block: tl.constexpr, offsets_64bit: tl.constexpr):
     """online, one program per row: a running (max, sum) pass, then a normalising pass."""
-    N = n_q * ALIGN
+    N = n_q * align
     row = tl.program_id(0)
-    if I64:
+    if offsets_64bit:
         row = row.to(tl.int64)
-    x_row = x_ptr + row * sx_q * ALIGN
-    y_row = y_ptr + row * sy_q * ALIGN
-    cols = tl.arange(0, BLOCK_N)
-    m = _acc(tl.full([BLOCK_N], float("-inf"), tl.float32), F64)
-    s = _acc(tl.zeros([BLOCK_N], tl.float32), F64)
-    for start in range(0, N, BLOCK_N):
+    x_row = x_ptr + row * sx_q * align
+    y_row = y_ptr + row * sy_q * align
+    cols = tl.arange(0, block)
+    m = _acc(tl.full([block], float("-inf"), tl.float32), f64)
+    s = _acc(tl.zeros([block], tl.float32), f64)
+    for start in range(0, N, block):
         offs = start + cols
-        x = _acc(tl.load(x_row + offs, mask=offs < N, other=float("-inf")), F64)
+        x = _acc(tl.load(x_row + offs, mask=offs < N, other=float("-inf")), f64)
         m, s = _online_step(m, s, x)
     big, total = _merge(m, s, 0)
     # Backwards: the chunks read last by the first pass are the likeliest to still be in L2.
-    n_chunks = tl.cdiv(N, BLOCK_N)
+    n_chunks = tl.cdiv(N, block)
     for i in range(0, n_chunks):
-        offs = (n_chunks - 1 - i) * BLOCK_N + cols
+        offs = (n_chunks - 1 - i) * block + cols
         mask = offs < N
-        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
-        tl.store(y_row + offs, _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
+        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), f64)
+        tl.store(y_row + offs, _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
 
 
 @triton.jit
 def _split_stats_kernel(x_ptr, m_ptr, s_ptr, n_q, sx_q, chunk, split,
-                        ALIGN: tl.constexpr, F64: tl.constexpr, BLOCK_N: tl.constexpr,
-                        I64: tl.constexpr):
-    """online with SPLIT > 1, step 1: (max, sum) of one chunk of one row. chunk is a multiple
-    of BLOCK_N."""
-    N = n_q * ALIGN
+                        align: tl.constexpr, f64: tl.constexpr, block: tl.constexpr,
+                        offsets_64bit: tl.constexpr):
+    """online with split > 1, step 1: (max, sum) of one chunk of one row. chunk is a multiple
+    of block."""
+    N = n_q * align
     pid = tl.program_id(0)
-    row, part = _row_and_part(pid, split, I64)
-    x_row = x_ptr + row * sx_q * ALIGN
+    row, part = _row_and_part(pid, split, offsets_64bit)
+    x_row = x_ptr + row * sx_q * align
     first = part * chunk
-    cols = tl.arange(0, BLOCK_N)
-    m = _acc(tl.full([BLOCK_N], float("-inf"), tl.float32), F64)
-    s = _acc(tl.zeros([BLOCK_N], tl.float32), F64)
-    for start in range(0, chunk, BLOCK_N):
+    cols = tl.arange(0, block)
+    m = _acc(tl.full([block], float("-inf"), tl.float32), f64)
+    s = _acc(tl.zeros([block], tl.float32), f64)
+    for start in range(0, chunk, block):
         offs = first + start + cols
-        x = _acc(tl.load(x_row + offs, mask=offs < N, other=float("-inf")), F64)
+        x = _acc(tl.load(x_row + offs, mask=offs < N, other=float("-inf")), f64)
         m, s = _online_step(m, s, x)
     big, total = _merge(m, s, 0)
     one = tl.arange(0, 1)
@@ -77,35 +77,36 @@ def _split_stats_kernel(x_ptr, m_ptr, s_ptr, n_q, sx_q, chunk, split,
 
 @triton.jit
 def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split,
-                       ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                       SPLIT_POW2: tl.constexpr, BLOCK_N: tl.constexpr, I64: tl.constexpr):
-    """online with SPLIT > 1, step 2: combine the row's chunk statistics, normalise one chunk."""
-    N = n_q * ALIGN
+                       align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                       split_padded: tl.constexpr, block: tl.constexpr,
+                       offsets_64bit: tl.constexpr):
+    """online with split > 1, step 2: combine the row's chunk statistics, normalise one chunk."""
+    N = n_q * align
     # Reverse program order (and reverse chunk order inside): the data the stats kernel read last
     # is still in L2.
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    row, part = _row_and_part(pid, split, I64)
-    k = tl.arange(0, SPLIT_POW2)
+    row, part = _row_and_part(pid, split, offsets_64bit)
+    k = tl.arange(0, split_padded)
     pm = tl.load(m_ptr + row * split + k, mask=k < split, other=float("-inf"))
     ps = tl.load(s_ptr + row * split + k, mask=k < split, other=0.0)
     big, total = _merge(pm, ps, 0)
-    x_row = x_ptr + row * sx_q * ALIGN
-    y_row = y_ptr + row * sy_q * ALIGN
-    cols = tl.arange(0, BLOCK_N)
-    last = part * chunk + chunk - BLOCK_N
-    for start in range(0, chunk, BLOCK_N):
+    x_row = x_ptr + row * sx_q * align
+    y_row = y_ptr + row * sy_q * align
+    cols = tl.arange(0, block)
+    last = part * chunk + chunk - block
+    for start in range(0, chunk, block):
         offs = last - start + cols
         mask = offs < N
-        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
-        tl.store(y_row + offs, _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
+        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), f64)
+        tl.store(y_row + offs, _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
 
 
 @triton.jit
 def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, rows,
-                     ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                     CHUNK: tl.constexpr, SPLIT_POW2: tl.constexpr, SPIN_LIMIT: tl.constexpr,
-                     FALLBACK_BLOCK: tl.constexpr, I64: tl.constexpr):
-    """online, cooperative: `split` programs share a row, each holding one CHUNK of it in
+                     align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                     chunk: tl.constexpr, split_padded: tl.constexpr, spin_limit: tl.constexpr,
+                     fallback_block: tl.constexpr, offsets_64bit: tl.constexpr):
+    """online, cooperative: `split` programs share a row, each holding one chunk of it in
     registers. Each publishes its chunk's (max, sum), waits for the row's other chunks, merges
     and normalises its registers: one read and one write of the row, in one launch.
 
@@ -113,17 +114,17 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
     programs in the order the programs start: a program that waits holds the last ticket taken
     so far of its row, and the row's remaining tickets go to programs that are running or start
     next. At least `split` programs run at once (split <= SM count), so the wait ends. If it ever
-    does not (SPIN_LIMIT polls: another kernel holding the SMs, or the interpreter, which runs
+    does not (spin_limit polls: another kernel holding the SMs, or the interpreter, which runs
     programs one by one), the program reads its whole row to compute the statistics itself:
     slower, never wrong and never hung."""
-    N = n_q * ALIGN
+    N = n_q * align
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    row, part = _row_and_part(ticket, split, I64)
-    x_row = x_ptr + row * sx_q * ALIGN
-    y_row = y_ptr + row * sy_q * ALIGN
-    offs = part * CHUNK + tl.arange(0, CHUNK)
+    row, part = _row_and_part(ticket, split, offsets_64bit)
+    x_row = x_ptr + row * sx_q * align
+    y_row = y_ptr + row * sy_q * align
+    offs = part * chunk + tl.arange(0, chunk)
     mask = offs < N
-    x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), F64)
+    x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), f64)
     big = tl.max(x, axis=0)
     # -inf lanes add nothing (an all -inf chunk has big = -inf, and -inf - -inf would be NaN).
     total = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - big)), axis=0)
@@ -136,11 +137,11 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
     tl.atomic_add(counter, 1, sem="release")
     arrived = tl.atomic_add(counter, 0, sem="acquire")
     polls = tl.full([], 0, tl.int32)
-    while (arrived < split) & (polls < SPIN_LIMIT):
+    while (arrived < split) & (polls < spin_limit):
         arrived = tl.atomic_add(counter, 0, sem="acquire")
         polls += 1
     if arrived >= split:
-        k = tl.arange(0, SPLIT_POW2)
+        k = tl.arange(0, split_padded)
         used = k < split
         pm = tl.load(part_ptr + row * split + k, mask=used, other=float("-inf"),
                      cache_modifier=".cg")
@@ -149,15 +150,15 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
         row_max, row_sum = _merge(pm, ps, 0)
     else:
         # (a narrower block than the chunk: x stays live in registers meanwhile)
-        cols = tl.arange(0, FALLBACK_BLOCK)
-        m = _acc(tl.full([FALLBACK_BLOCK], float("-inf"), tl.float32), F64)
-        t = _acc(tl.zeros([FALLBACK_BLOCK], tl.float32), F64)
-        for start in range(0, N, FALLBACK_BLOCK):
+        cols = tl.arange(0, fallback_block)
+        m = _acc(tl.full([fallback_block], float("-inf"), tl.float32), f64)
+        t = _acc(tl.zeros([fallback_block], tl.float32), f64)
+        for start in range(0, N, fallback_block):
             o = start + cols
             m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
-                                           F64))
+                                           f64))
         row_max, row_sum = _merge(m, t, 0)
-    tl.store(y_row + offs, _cast_for(_finish(x, row_max, row_sum, LOG), y_ptr),
+    tl.store(y_row + offs, _cast_for(_finish(x, row_max, row_sum, log), y_ptr),
              mask=mask)
 
 
@@ -169,13 +170,18 @@ class ChunkPlan:
 
     in_dtype: torch.dtype  # of the tensor read
     out_dtype: torch.dtype | None  # of the output (None: the statistics pass writes none)
-    ints: tuple  # every integer argument (N / ALIGN, strides / ALIGN[, chunk, programs per row])
+    ints: tuple  # every integer argument (N / align, strides / align[, chunk, programs per row])
     align: int  # the power of two (<= 16) dividing N and the strides
     log: bool  # log_softmax
     f64: bool  # accumulate in float64
-    block: int  # BLOCK_N: elements of a row per step
+    block: int  # elements of a row per step
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int
+    num_warps: int
+
+    @property
+    def split_padded(self) -> int:
+        """The programs per row (the last integer argument) padded to a power of two."""
+        return next_pow2(self.ints[-1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,7 +191,7 @@ class CoopPlan:
 
     in_dtype: torch.dtype
     out_dtype: torch.dtype
-    ints: tuple  # N / ALIGN, the row strides / ALIGN, programs per row, rows
+    ints: tuple  # N / align, the row strides / align, programs per row, rows
     align: int
     log: bool
     f64: bool
@@ -193,30 +199,21 @@ class CoopPlan:
     spin_limit: int  # polls of the arrival counter before a program gives up and recomputes
     fallback_block: int  # block of the recomputation when it gives up
     offsets_64bit: bool
-    warps: int
+    num_warps: int
+
+    @property
+    def split_padded(self) -> int:
+        """The programs per row padded to a power of two."""
+        return next_pow2(self.ints[3])
 
 
 chunk_plan = functools.lru_cache(maxsize=4096)(ChunkPlan)
 coop_plan = functools.lru_cache(maxsize=4096)(CoopPlan)
 
-# (SPLIT_POW2: the programs per row, the last integer argument there, padded to a power of two.)
-_ONLINE_FWD = Launcher(_online_fwd_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, BLOCK_N=p.block, I64=p.offsets_64bit, num_warps=p.warps))
-
-
-_SPLIT_STATS = Launcher(_split_stats_kernel, lambda p: dict(
-    ALIGN=p.align, F64=p.f64, BLOCK_N=p.block, I64=p.offsets_64bit, num_warps=p.warps))
-
-
-_SPLIT_NORM = Launcher(_split_norm_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, SPLIT_POW2=next_pow2(p.ints[-1]), BLOCK_N=p.block,
-    I64=p.offsets_64bit, num_warps=p.warps))
-
-
-_COOP_FWD = Launcher(_coop_fwd_kernel, lambda p: dict(
-    ALIGN=p.align, LOG=p.log, F64=p.f64, CHUNK=p.chunk, SPLIT_POW2=next_pow2(p.ints[3]),
-    SPIN_LIMIT=p.spin_limit, FALLBACK_BLOCK=p.fallback_block, I64=p.offsets_64bit,
-    num_warps=p.warps))
+_ONLINE_FWD = plan_launcher(_online_fwd_kernel)
+_SPLIT_STATS = plan_launcher(_split_stats_kernel)
+_SPLIT_NORM = plan_launcher(_split_norm_kernel)
+_COOP_FWD = plan_launcher(_coop_fwd_kernel)
 
 
 # A cooperative row has at most this many chunks (a program each, all running at once).
@@ -313,8 +310,16 @@ def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int):
     return split_forward
 
 
-class OnlineBackend(Backend):
+#: The keys of online's configs: a cooperative launch's, and a chunked one's.
+COOP_CONFIG_KEYS = frozenset({"chunk", "num_warps"})
+CONFIG_KEYS = frozenset({"block", "num_warps", "split"})
+
+
+class OnlineBackend(ForwardBackend):
     name = "online"
+
+    def config_keys(self, config) -> frozenset:
+        return COOP_CONFIG_KEYS if "chunk" in config else CONFIG_KEYS
 
     def supports(self, call: SoftmaxCall) -> str | None:
         reason = _rows_reason(call)
@@ -339,41 +344,35 @@ class OnlineBackend(Backend):
         order")."""
         wide = 2 if call.f64 else 1
         shapes = ((4096, 4), (8192, 8), (8192, 16), (16384, 16))  # (chunk, warps)
-        return [{"COOP_CHUNK": c // wide, "num_warps": w} for c, w in shapes
+        return [{"chunk": c // wide, "num_warps": w} for c, w in shapes
                 if coop_split(call, c // wide)]
 
     def configs(self, call: SoftmaxCall) -> list[dict]:
         block = 2048 if call.f64 else 4096
         split = self.split_for(call, block, call.info.sm_count)
         cfgs = self.coop_configs(call) + [
-            {"BLOCK_N": block, "num_warps": 8, "SPLIT": split},
-            {"BLOCK_N": 2 * block, "num_warps": 16, "SPLIT": split}]
+            {"block": block, "num_warps": 8, "split": split},
+            {"block": 2 * block, "num_warps": 16, "split": split}]
         if split > 1:
-            cfgs.append({"BLOCK_N": block, "num_warps": 8, "SPLIT": max(1, split // 2)})
-            cfgs.append({"BLOCK_N": block, "num_warps": 8, "SPLIT": 2 * split})
+            cfgs.append({"block": block, "num_warps": 8, "split": max(1, split // 2)})
+            cfgs.append({"block": block, "num_warps": 8, "split": 2 * split})
         else:
-            cfgs.append({"BLOCK_N": block // 2, "num_warps": 4, "SPLIT": 1})
+            cfgs.append({"block": block // 2, "num_warps": 4, "split": 1})
         return cfgs
-
-    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: self._forward(c, config)(c.x))
-
-    def bind(self, call: SoftmaxCall, config):
-        return None if call.grad or call.numel == 0 else self._forward(call, config)
 
     @staticmethod
     def _forward(call: SoftmaxCall, config):
-        if "COOP_CHUNK" in config:
-            return _coop_fwd(call, config["COOP_CHUNK"], config["num_warps"])
-        return _online_fwd(call, config["BLOCK_N"], config["num_warps"], config["SPLIT"])
+        if "chunk" in config:
+            return _coop_fwd(call, config["chunk"], config["num_warps"])
+        return _online_fwd(call, config["block"], config["num_warps"], config["split"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         coop = self.coop_configs(call)
         if coop:
-            chunk = coop[0]["COOP_CHUNK"]
+            chunk = coop[0]["chunk"]
             return cost.online(call, model, split=coop_split(call, chunk), cooperative=True,
                                chunk=chunk * (2 if call.f64 else 1))
         cfg = self.configs(call)[0]
-        split = max(1, min(self.split_for(call, cfg["BLOCK_N"], model.sm_count),
-                           cdiv(call.n, cfg["BLOCK_N"])))
+        split = max(1, min(self.split_for(call, cfg["block"], model.sm_count),
+                           cdiv(call.n, cfg["block"])))
         return cost.online(call, model, split=split)

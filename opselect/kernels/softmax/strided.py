@@ -2,76 +2,75 @@
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend, Estimate
+from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
-from .._common import Launcher, cdiv, needs_int64, next_pow2
-from .autograd import _run
+from .._common import cdiv, needs_int64, next_pow2
+from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _one_launch,
-                     _online_step, _read_dtype, _reader, _strided_plan, _warps,
-                     strided_constexprs, strided_launch_plan)
+                     _online_step, _read_dtype, _reader, _strided_plan, _warps, plan_launcher,
+                     strided_launch_plan)
 
 
 @triton.jit
 def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
-                        ALIGN: tl.constexpr, LOG: tl.constexpr, F64: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, SINGLE: tl.constexpr,
-                        I64: tl.constexpr):
+                        align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                        dim_block: tl.constexpr, inner_block: tl.constexpr, single: tl.constexpr,
+                        offsets_64bit: tl.constexpr):
     """strided: x viewed as (outer, N, inner) with inner contiguous; the output is contiguous.
 
-    A program owns BLOCK_I consecutive inner columns of one outer index: every load is a row of
-    BLOCK_I contiguous elements (coalesced, vectorised), and the reduction runs along axis 0 of the
-    [BLOCK_N x BLOCK_I] tile, so no transpose copy is needed."""
-    inner = inner_q * ALIGN
+    A program owns inner_block consecutive inner columns of one outer index: every load is a row
+    of inner_block contiguous elements (coalesced, vectorised), and the reduction runs along axis
+    0 of the [dim_block x inner_block] tile, so no transpose copy is needed."""
+    inner = inner_q * align
     pid = tl.program_id(0)
     o = pid // n_iblocks
     ib = pid % n_iblocks
-    r = tl.arange(0, BLOCK_N)
-    if I64:
+    r = tl.arange(0, dim_block)
+    if offsets_64bit:
         o = o.to(tl.int64)
         r = r.to(tl.int64)
-    cols = ib * BLOCK_I + tl.arange(0, BLOCK_I)
+    cols = ib * inner_block + tl.arange(0, inner_block)
     cmask = cols[None, :] < inner
-    x_base = x_ptr + o * sxo_q * ALIGN + cols[None, :]
+    x_base = x_ptr + o * sxo_q * align + cols[None, :]
     y_base = y_ptr + o * N * inner + cols[None, :]
-    if SINGLE:
+    if single:
         mask = (r[:, None] < N) & cmask
-        x = _acc(tl.load(x_base + (r * sxn_q * ALIGN)[:, None], mask=mask, other=float("-inf")),
-                 F64)
+        x = _acc(tl.load(x_base + (r * sxn_q * align)[:, None], mask=mask, other=float("-inf")),
+                 f64)
         big = tl.max(x, axis=0, keep_dims=True)
         z = x - big
         e = tl.exp(z)
         total = tl.sum(e, axis=0, keep_dims=True)
-        if LOG:
+        if log:
             out = z - tl.log(total)
         else:
             out = e * (1.0 / total)
         tl.store(y_base + (r * inner)[:, None], _cast_for(out, y_ptr), mask=mask)
     else:
-        m = _acc(tl.full([BLOCK_N, BLOCK_I], float("-inf"), tl.float32), F64)
-        s = _acc(tl.zeros([BLOCK_N, BLOCK_I], tl.float32), F64)
-        for start in range(0, N, BLOCK_N):
+        m = _acc(tl.full([dim_block, inner_block], float("-inf"), tl.float32), f64)
+        s = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
+        for start in range(0, N, dim_block):
             rr = start + r
             mask = (rr[:, None] < N) & cmask
-            x = _acc(tl.load(x_base + (rr * sxn_q * ALIGN)[:, None], mask=mask,
-                             other=float("-inf")), F64)
+            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
+                             other=float("-inf")), f64)
             m, s = _online_step(m, s, x)
         big, total = _merge(m, s, 0)
-        n_chunks = tl.cdiv(N, BLOCK_N)
+        n_chunks = tl.cdiv(N, dim_block)
         for i in range(0, n_chunks):
-            rr = (n_chunks - 1 - i) * BLOCK_N + r
+            rr = (n_chunks - 1 - i) * dim_block + r
             mask = (rr[:, None] < N) & cmask
-            x = _acc(tl.load(x_base + (rr * sxn_q * ALIGN)[:, None], mask=mask,
-                             other=float("-inf")), F64)
+            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
+                             other=float("-inf")), f64)
             tl.store(y_base + (rr * inner)[:, None],
-                     _cast_for(_finish(x, big, total, LOG), y_ptr), mask=mask)
+                     _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
 
 
-_STRIDED_FWD = Launcher(_strided_fwd_kernel, strided_constexprs)
+_STRIDED_FWD = plan_launcher(_strided_fwd_kernel)
 
 
 def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int):
@@ -93,8 +92,13 @@ def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int):
     return _one_launch(read, launch, ints, shape, out_dtype, device)
 
 
-class StridedBackend(Backend):
+#: The keys of strided's configs.
+CONFIG_KEYS = frozenset({"inner_block", "tile", "warp_scale"})
+
+
+class StridedBackend(ForwardBackend):
     name = "strided"
+    CONFIG_KEYS = CONFIG_KEYS
 
     def supports(self, call: SoftmaxCall) -> str | None:
         if call.inner == 1:
@@ -105,24 +109,18 @@ class StridedBackend(Backend):
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
         bi, bn, _ = _strided_plan(call.n, call.inner, call.outer, call.in_bytes,
                                   call.info.sm_count, None, tile)
-        # num_warps follows the tile actually used (~16 elements per thread), times WARP_SCALE.
-        cfgs = [{"BLOCK_I": bi, "TILE": tile, "WARP_SCALE": 1},
-                {"BLOCK_I": bi, "TILE": tile, "WARP_SCALE": 2}]
+        # num_warps follows the tile actually used (~16 elements per thread), times warp_scale.
+        cfgs = [{"inner_block": bi, "tile": tile, "warp_scale": 1},
+                {"inner_block": bi, "tile": tile, "warp_scale": 2}]
         if bi > 1:
-            cfgs.append({"BLOCK_I": bi // 2, "TILE": tile, "WARP_SCALE": 1})
+            cfgs.append({"inner_block": bi // 2, "tile": tile, "warp_scale": 1})
         if bi < next_pow2(call.inner):
-            cfgs.append({"BLOCK_I": 2 * bi, "TILE": tile, "WARP_SCALE": 1})
+            cfgs.append({"inner_block": 2 * bi, "tile": tile, "warp_scale": 1})
         return cfgs
-
-    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        return _run(call, lambda c: self._forward(c, config)(c.x))
-
-    def bind(self, call: SoftmaxCall, config):
-        return None if call.grad or call.numel == 0 else self._forward(call, config)
 
     @staticmethod
     def _forward(call: SoftmaxCall, config):
-        return _strided_fwd(call, config["BLOCK_I"], config["TILE"], config.get("WARP_SCALE", 1))
+        return _strided_fwd(call, config["inner_block"], config["tile"], config["warp_scale"])
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
