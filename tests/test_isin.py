@@ -560,14 +560,16 @@ def test_gpu_auto_and_tuning(cuda):
 
 @pytest.mark.parametrize("m,n,dtype,backend,first", [
     # a table copied on chip: 2048 x 4
-    (8_000_000, 1000, torch.int32, "hash", {"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True}),
+    (8_000_000, 1000, torch.int32, "hash",
+     {"probe_block": 2048, "blocks_per_program": 4, "on_chip": True}),
     # a table in L2: blocks of 512
-    (8_000_000, 100_000, torch.int32, "hash", {"BLOCK": 512, "SLOTS": 4}),
+    (8_000_000, 100_000, torch.int32, "hash", {"probe_block": 512, "slots_per_key": 4}),
     # a table of 4 slots a key past the H200's 60 MB of L2 (4M int32 keys: 64 MB): 2 slots a key
-    (1_000_000, 4_000_000, torch.int32, "hash", {"BLOCK": 1024, "SLOTS": 2}),
-    (1_000_000, 1_600_000, torch.int64, "hash", {"BLOCK": 1024, "SLOTS": 2}),
-    (1_000_000, 4_000_000, torch.uint8, "hash", {"BLOCK": 512, "SLOTS": 4}),  # 256 values at most
-    (8_000_000, 1000, torch.int64, "bitmap", {"BLOCK": 1024, "PER_PROGRAM": 1}),
+    (1_000_000, 4_000_000, torch.int32, "hash", {"probe_block": 1024, "slots_per_key": 2}),
+    (1_000_000, 1_600_000, torch.int64, "hash", {"probe_block": 1024, "slots_per_key": 2}),
+    # 256 values at most
+    (1_000_000, 4_000_000, torch.uint8, "hash", {"probe_block": 512, "slots_per_key": 4}),
+    (8_000_000, 1000, torch.int64, "bitmap", {"probe_block": 1024, "blocks_per_program": 1}),
 ])
 def test_first_config_follows_the_h200_tuning(m, n, dtype, backend, first):
     """The config a cold pick runs, as the H200's tuning of bench_random's calls chose (see
@@ -603,3 +605,45 @@ def test_search_with_a_negative_nan_in_the_test_set(cuda, dtype):
     for backend in ("search", "compare", "hash"):
         got = ops.isin(elements, test, backend=backend)
         assert torch.equal(got, want), backend
+
+
+#: Configs as tune records stored them before issue 34 (one name per tunable).
+OLD_CONFIGS = {"compare": {"BLOCK": 1024, "TILE_N": 1, "num_warps": 4},
+               "search": {"BLOCK": 512, "num_warps": 4},
+               "hash": {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4,
+                        "num_warps": 4},
+               "bitmap": {"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4}}
+
+
+def test_configs_under_old_names_are_measured_again_never_misread(cpu_triton, monkeypatch):
+    """A tune record under the old config keys (BLOCK, TILE_N, PER_PROGRAM, LOCAL, SLOTS) is not
+    a config the backend offers: the dispatcher warns once per backend and the model decides
+    until tuning measures again. A plan refuses the old keys (InvalidArgument) instead of
+    running defaults in their place; today's names run."""
+    from opselect.dispatch import op as dispatch_op
+    from opselect.errors import CacheWarning
+    from opselect.tune_cache import store
+
+    op = isin_mod.OP
+    monkeypatch.setattr(dispatch_op, "_foreign_configs_told", set())
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(0, 60, (3000,), generator=gen, dtype=torch.int32)
+    t = torch.randint(0, 60, (40,), generator=gen, dtype=torch.int32)
+    call = op.prepare(a, t)
+    assert all(op.backend(name).supports(call) is None for name in OLD_CONFIGS)
+    hashes = {name: op.backend(name).source_hash for name in OLD_CONFIGS}
+    store().put_timings("isin", call.info, call.key[1:],
+                        {name: (1e-9, old, hashes[name]) for name, old in OLD_CONFIGS.items()})
+    with pytest.warns(CacheWarning, match="that the backend does not offer") as told:
+        decision = op.decide(call)
+    assert sorted(str(w.message).split("config of isin/")[1].split()[0] for w in told) == \
+        sorted(OLD_CONFIGS)
+    assert decision.source == "model" and not any(
+        decision.candidate(name).measured_s is not None for name in OLD_CONFIGS)
+    assert decision.config in [dict(c) for c in op.backend(decision.choice).configs(call)]
+    want = torch.isin(a, t)
+    for name, old in OLD_CONFIGS.items():
+        backend = op.backend(name)
+        with pytest.raises(InvalidArgument, match="are not this backend's"):
+            backend.run(op.prepare(a, t), old)
+        assert torch.equal(backend.run(op.prepare(a, t), backend.configs(call)[0]), want), name

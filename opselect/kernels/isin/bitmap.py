@@ -11,10 +11,11 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
+from .._common import allocator, cdiv, needs_int64, next_pow2
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program,
-                     _hash_insert, _hash_probe_blocks, _key_bits, table_plan)
+                     _hash_insert, _hash_probe_blocks, _key_bits, plan_launcher, refuse_unknown,
+                     table_plan)
 
 
 # The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
@@ -25,12 +26,13 @@ BITMAP_MAX_BITS = 1 << 28  # 32 MiB
 # set's value range fits its capacity) and the hash set (when it does not). params[0] holds the
 # range's low end, params[1] 1 for the bitmap and 0 for the hash set.
 @triton.jit
-def _minmax_partials_kernel(t_ptr, part_ptr, N, BLOCK: tl.constexpr, PER_PROGRAM: tl.constexpr):
+def _minmax_partials_kernel(t_ptr, part_ptr, N, minmax_block: tl.constexpr,
+                            minmax_blocks_per_program: tl.constexpr):
     pid = tl.program_id(0)
-    lo = tl.full([BLOCK], 0x7FFFFFFFFFFFFFFF, tl.int64)
-    hi = tl.full([BLOCK], -0x7FFFFFFFFFFFFFFF - 1, tl.int64)
-    for i in range(PER_PROGRAM):
-        offs = (pid * PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+    lo = tl.full([minmax_block], 0x7FFFFFFFFFFFFFFF, tl.int64)
+    hi = tl.full([minmax_block], -0x7FFFFFFFFFFFFFFF - 1, tl.int64)
+    for i in range(minmax_blocks_per_program):
+        offs = (pid * minmax_blocks_per_program + i) * minmax_block + tl.arange(0, minmax_block)
         ok = offs < N
         v = tl.load(t_ptr + offs, mask=ok, other=0).to(tl.int64)
         lo = tl.where(ok, tl.minimum(lo, v), lo)
@@ -41,17 +43,17 @@ def _minmax_partials_kernel(t_ptr, part_ptr, N, BLOCK: tl.constexpr, PER_PROGRAM
 
 @triton.jit
 def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits, T,
-                         FULL_RANGE_LO, FULL_RANGE: tl.constexpr, KEY_BITS: tl.constexpr,
-                         P_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+                         FULL_RANGE_LO, full_range: tl.constexpr, key_bits: tl.constexpr,
+                         partials_padded: tl.constexpr, setup_block: tl.constexpr):
     """Every program reduces the partial min/max itself (P is small), so no extra launch is
     needed; then it clears its share of the bitmap, or fills its share of the hash table."""
     pid = tl.program_id(0)
-    if FULL_RANGE:
+    if full_range:
         # 8- and 16-bit integers: the bitmap spans the whole dtype, nothing to measure.
         lo = tl.full([], FULL_RANGE_LO, tl.int64)
         fits = tl.full([], 1, tl.int1)
     else:
-        idx = tl.arange(0, P_BLOCK)
+        idx = tl.arange(0, partials_padded)
         lo = tl.min(tl.load(part_ptr + 2 * idx, mask=idx < P, other=0x7FFFFFFFFFFFFFFF), axis=0)
         hi = tl.max(tl.load(part_ptr + 2 * idx + 1, mask=idx < P, other=-0x7FFFFFFFFFFFFFFF - 1),
                     axis=0)
@@ -60,18 +62,19 @@ def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits,
     if pid == 0:
         tl.store(params_ptr, lo)
         tl.store(params_ptr + 1, fits.to(tl.int64))
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    offs = pid * setup_block + tl.arange(0, setup_block)
     if fits:
-        tl.store(bits_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < cap_bits // 32)
+        tl.store(bits_ptr + offs, tl.zeros([setup_block], tl.int32), mask=offs < cap_bits // 32)
     else:
-        tl.store(table_ptr + offs, tl.full([BLOCK], -(1 << (KEY_BITS - 1)), table_ptr.dtype.element_ty),
+        tl.store(table_ptr + offs, tl.full([setup_block], -(1 << (key_bits - 1)), table_ptr.dtype.element_ty),
                  mask=offs < T)
 
 
 @triton.jit
 def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, cap_bits, log_t,
-                         KEY_BITS: tl.constexpr, BUCKET: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                         key_bits: tl.constexpr, bucket_width: tl.constexpr,
+                         build_block: tl.constexpr):
+    offs = tl.program_id(0) * build_block + tl.arange(0, build_block)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
     if tl.load(params_ptr + 1) != 0:
@@ -81,60 +84,52 @@ def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, ca
         bit = (rel & 31).to(tl.int32)
         tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
     else:
-        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, KEY_BITS, BUCKET, False)
+        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, False)
 
 
 @triton.jit
 def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_ptr, M, cap_bits,
-                         log_t, KEY_BITS: tl.constexpr, LOCAL_WORDS: tl.constexpr,
-                         LOCAL_SLOTS: tl.constexpr, INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                         BLOCKS_PER_PROGRAM: tl.constexpr, I64: tl.constexpr):
-    """LOCAL_WORDS > 0: the bitmap (that many words) is copied on chip; LOCAL_SLOTS > 0: the
+                         log_t, key_bits: tl.constexpr, on_chip_words: tl.constexpr,
+                         on_chip_slots: tl.constexpr, invert: tl.constexpr,
+                         probe_block: tl.constexpr, blocks_per_program: tl.constexpr,
+                         offsets_64bit: tl.constexpr):
+    """on_chip_words > 0: the bitmap (that many words) is copied on chip; on_chip_slots > 0: the
     hash table (that many slots) is, should the data need it."""
     pid = tl.program_id(0)
-    if I64:
+    if offsets_64bit:
         pid = pid.to(tl.int64)
     lo = tl.load(params_ptr)
     if tl.load(params_ptr + 1) != 0:
         words = 0
-        if LOCAL_WORDS > 0:
-            words = tl.load(bits_ptr + tl.arange(0, LOCAL_WORDS))
-        for i in range(BLOCKS_PER_PROGRAM):
-            offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+        if on_chip_words > 0:
+            words = tl.load(bits_ptr + tl.arange(0, on_chip_words))
+        for i in range(blocks_per_program):
+            offs = (pid * blocks_per_program + i) * probe_block + tl.arange(0, probe_block)
             ok = offs < M
             rel = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64) - lo
             inside = ok & (rel >= 0) & (rel < cap_bits)
             w_idx = tl.where(inside, rel >> 5, 0).to(tl.int32)
-            if LOCAL_WORDS > 0:
+            if on_chip_words > 0:
                 word = tl.gather(words, w_idx, 0)
             else:
                 word = tl.load(bits_ptr + w_idx, mask=inside, other=0)
             found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
-            tl.store(out_ptr + offs, found != INVERT, mask=ok)
+            tl.store(out_ptr + offs, found != invert, mask=ok)
     else:
-        _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, KEY_BITS,
-                           LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM, False)
+        _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, key_bits,
+                           on_chip_slots, invert, probe_block, blocks_per_program, False)
 
 
 # Each Launcher's spec is the BitmapPlan (made per dtype, sizes and flag: it fixes every integer
 # argument and every constexpr).
-_MINMAX = Launcher(_minmax_partials_kernel, lambda p: dict(
-    BLOCK=p.minmax_block, PER_PROGRAM=p.minmax_blocks_per_program, num_warps=4))
+_MINMAX = plan_launcher(_minmax_partials_kernel, num_warps=4)
+_BITMAP_SETUP = plan_launcher(_bitmap_setup_kernel, num_warps=4)
+_BITMAP_BUILD = plan_launcher(_bitmap_build_kernel, num_warps=4)
+_BITMAP_PROBE = plan_launcher(_bitmap_probe_kernel)
 
-
-_BITMAP_SETUP = Launcher(_bitmap_setup_kernel, lambda p: dict(
-    FULL_RANGE=p.full_range, KEY_BITS=p.key_bits, P_BLOCK=p.partials_padded,
-    BLOCK=p.setup_block, num_warps=4))
-
-
-_BITMAP_BUILD = Launcher(_bitmap_build_kernel, lambda p: dict(
-    KEY_BITS=p.key_bits, BUCKET=p.bucket_width, BLOCK=p.build_block, num_warps=4))
-
-
-_BITMAP_PROBE = Launcher(_bitmap_probe_kernel, lambda p: dict(
-    KEY_BITS=p.key_bits, LOCAL_WORDS=p.on_chip_words, LOCAL_SLOTS=p.on_chip_slots,
-    INVERT=p.invert, BLOCK=p.probe_block, BLOCKS_PER_PROGRAM=p.blocks_per_program,
-    I64=p.offsets_64bit, num_warps=p.warps))
+#: The keys of a bitmap config: probe_block, blocks_per_program (the most a program probes, with
+#: a bitmap or table on chip) and num_warps (of the probing launch).
+CONFIG_KEYS = frozenset({"probe_block", "blocks_per_program", "num_warps"})
 
 
 def _fits_on_chip(nbytes: int) -> bool:
@@ -187,9 +182,9 @@ class BitmapBackend(PlannedBackend):
         # about half of the measured calls and on most of the long ones, where the 4096 x 2
         # that came first before made cold picks up to 1.75x slower
         # (benchmarks/results/h200/fits/isin.md, "bitmap: the first config").
-        return [{"BLOCK": 1024, "PER_PROGRAM": 1, "num_warps": 4},
-                {"BLOCK": 4096, "PER_PROGRAM": 2, "num_warps": 8},
-                {"BLOCK": 2048, "PER_PROGRAM": 2, "num_warps": 8}]
+        return [{"probe_block": 1024, "blocks_per_program": 1, "num_warps": 4},
+                {"probe_block": 4096, "blocks_per_program": 2, "num_warps": 8},
+                {"probe_block": 2048, "blocks_per_program": 2, "num_warps": 8}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
         done = _trivial(call)
@@ -242,6 +237,7 @@ class BitmapBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> BitmapPlan:
+        refuse_unknown(self.name, config, CONFIG_KEYS)
         dtype, m, n = call.elements.dtype, call.m, call.n
         key_bits = _key_bits(dtype)
         cap_bits = bitmap_capacity(n, dtype)
@@ -253,9 +249,9 @@ class BitmapBackend(PlannedBackend):
             per = max(1, cdiv(n, self.MINMAX_BLOCK * self.MAX_PARTIALS))
             n_parts = cdiv(n, self.MINMAX_BLOCK * per)
         local_words = cap_bits // 32 if _fits_on_chip(cap_bits // 8) else 0
-        block = config["BLOCK"]
-        per_probe = _blocks_per_program(m, block,
-                                        config["PER_PROGRAM"] if (local_words or local_slots) else 1)
+        block = config["probe_block"]
+        per_probe = _blocks_per_program(
+            m, block, config["blocks_per_program"] if (local_words or local_slots) else 1)
         return BitmapPlan(
             dtype=dtype, elements=m, test_elements=n, invert=call.invert, key_bits=key_bits,
             full_range=full_range, capacity_bits=cap_bits, on_chip_bytes=LOCAL_TABLE_BYTES,
@@ -265,4 +261,4 @@ class BitmapBackend(PlannedBackend):
             minmax_block=self.MINMAX_BLOCK, minmax_blocks_per_program=per, partials=n_parts,
             partials_padded=next_pow2(max(n_parts, 2)), setup_block=1024, build_block=1024,
             probe_block=block, blocks_per_program=per_probe, offsets_64bit=needs_int64(m),
-            warps=config["num_warps"])
+            num_warps=config["num_warps"])

@@ -3,13 +3,15 @@ and the open-addressing hash set (insert, lookup, probe blocks) that hash and bi
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .._common import cdiv
+from ...errors import InvalidArgument
+from .._common import Launcher, cdiv
 
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
@@ -58,12 +60,12 @@ def _value_key(v):
 
 
 @triton.jit
-def _to_key(v, KEY_BITS: tl.constexpr):
-    """(key, nan) with the key widened to KEY_BITS (the hash set's slots)."""
+def _to_key(v, key_bits: tl.constexpr):
+    """(key, nan) with the key widened to key_bits (the hash set's slots)."""
     key, nan = _value_key(v)
     # One return statement: the compiler rejects returns of different types in constexpr
     # branches (the interpreter does not).
-    if KEY_BITS == 32:
+    if key_bits == 32:
         wide = key.to(tl.int32)
     else:
         wide = key.to(tl.int64)
@@ -77,21 +79,21 @@ def _mul32(h, c):
 
 
 @triton.jit
-def _hash(key, log_t, KEY_BITS: tl.constexpr, MIX: tl.constexpr):
+def _hash(key, log_t, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
     """A slot in [0, 2**log_t), after folding a 64-bit key's high word into the low one.
 
     Integers: Fibonacci hashing (the top bits of key * 2**32 / phi), which spreads consecutive
-    keys (ids, narrow ranges) exactly evenly. Floats (MIX): murmur3's finaliser. The bits of
+    keys (ids, narrow ranges) exactly evenly. Floats (murmur_mix): murmur3's finaliser. The bits of
     floats of small integers differ only in a few high bits, and Fibonacci hashing clusters them
     (mean linear-probing displacement 0.61 slots for 1e6 floats of integers below 2e6 at load
     1/4, against 0.12 with the finaliser; measured on the CPU)."""
-    if KEY_BITS == 64:
+    if key_bits == 64:
         h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -2048144789)  # fold in the high word
     else:
         h = key
     h = h.to(tl.uint32, bitcast=True)
     h = h ^ (h >> 16)
-    if MIX:
+    if murmur_mix:
         h = _mul32(h, -2048144789)  # 0x85EBCA6B
         h = h ^ (h >> 13)
         h = _mul32(h, -1028477387)  # 0xC2B2AE35
@@ -103,23 +105,23 @@ def _hash(key, log_t, KEY_BITS: tl.constexpr, MIX: tl.constexpr):
 
 @triton.jit
 def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
-                 KEY_BITS: tl.constexpr, BUCKET: tl.constexpr, MIX: tl.constexpr):
+                 key_bits: tl.constexpr, bucket_width: tl.constexpr, murmur_mix: tl.constexpr):
     """Insert the values v (where ok) into the linear-probing table of 2**log_t keys; probing
-    starts at the first slot of the key's bucket of BUCKET slots.
+    starts at the first slot of the key's bucket of bucket_width slots.
 
     Slots only grow, by atomic max: a key takes an empty slot (the key type's minimum) or pushes
     out a smaller key, which then continues along its own probe sequence. No slot between a key's
     home and its place is ever empty again, so lookups stay correct, and unlike compare-and-swap
     (which has no mask in Triton) only the lanes still inserting touch memory."""
-    key, nan = _to_key(v, KEY_BITS)
-    empty = -(1 << (KEY_BITS - 1))
+    key, nan = _to_key(v, key_bits)
+    empty = -(1 << (key_bits - 1))
     # The empty marker is the key type's minimum. Float keys never reach it (the most negative is
     # -inf's, -(max magnitude)); an integer test set may contain it, which flag_ptr records (any
     # value but the marker).
     tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & ~nan  # NaN is never a member
-    slot = (_hash(key, log_t, KEY_BITS, MIX) // BUCKET) * BUCKET
+    slot = (_hash(key, log_t, key_bits, murmur_mix) // bucket_width) * bucket_width
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
         # old == empty: placed. old == key: already there. old > key: that slot belongs to a
@@ -132,18 +134,18 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
 
 @triton.jit
 def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t,
-                 KEY_BITS: tl.constexpr, LOCAL: tl.constexpr, MIX: tl.constexpr):
-    """Membership of the values v in the table. LOCAL: `table` is the program's on-chip copy and
+                 key_bits: tl.constexpr, on_chip: tl.constexpr, murmur_mix: tl.constexpr):
+    """Membership of the values v in the table. on_chip: `table` is the program's on-chip copy and
     keys start at their own slot; otherwise at their bucket of WIDE_BUCKET slots."""
-    key, nan = _to_key(v, KEY_BITS)
-    empty = -(1 << (KEY_BITS - 1))
+    key, nan = _to_key(v, key_bits)
+    empty = -(1 << (key_bits - 1))
     # (the flag is loaded as a vector: mixing a scalar bool into vector masks trips the interpreter)
     found = (key == empty) & (tl.load(flag_ptr + tl.zeros(key.shape, tl.int32)) != empty)
     todo = ok & (key != empty)
-    if LOCAL:
+    if on_chip:
         # The first probe, which settles most lanes, is a gather from the on-chip copy (Triton
         # stages the table in shared memory for it).
-        slot = _hash(key, log_t, KEY_BITS, MIX)
+        slot = _hash(key, log_t, key_bits, murmur_mix)
         seen = tl.gather(table, slot, 0)
         found = found | (todo & (seen == key))
         todo = todo & (seen != key) & (seen != empty)
@@ -151,8 +153,8 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t,
     else:
         # The key's whole bucket in one 16- or 32-byte load: at load factor <= 1/4 a bucket
         # almost always holds the key or an empty slot.
-        home = tl.multiple_of((_hash(key, log_t, KEY_BITS, MIX) // WIDE_BUCKET) * WIDE_BUCKET,
-                              WIDE_BUCKET)
+        home = tl.multiple_of(
+            (_hash(key, log_t, key_bits, murmur_mix) // WIDE_BUCKET) * WIDE_BUCKET, WIDE_BUCKET)
         window = tl.load(table_ptr + home[:, None] + tl.arange(0, WIDE_BUCKET)[None, :],
                          mask=todo[:, None], other=empty)
         found = found | (todo & (tl.max((window == key[:, None]).to(tl.int32), axis=1) > 0))
@@ -171,21 +173,44 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t,
 
 @triton.jit
 def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid,
-                       KEY_BITS: tl.constexpr, LOCAL_SLOTS: tl.constexpr,
-                       INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCKS_PER_PROGRAM: tl.constexpr, MIX: tl.constexpr):
-    """One program's blocks of elements looked up in the hash set. LOCAL_SLOTS > 0: the table
+                       key_bits: tl.constexpr, on_chip_slots: tl.constexpr,
+                       invert: tl.constexpr, probe_block: tl.constexpr,
+                       blocks_per_program: tl.constexpr, murmur_mix: tl.constexpr):
+    """One program's blocks of elements looked up in the hash set. on_chip_slots > 0: the table
     has that many slots (2**log_t) and is copied on chip, once for all the program's blocks."""
     table = 0
-    if LOCAL_SLOTS > 0:
-        table = tl.load(table_ptr + tl.arange(0, LOCAL_SLOTS))
-    for i in range(BLOCKS_PER_PROGRAM):
-        offs = (pid * BLOCKS_PER_PROGRAM + i) * BLOCK + tl.arange(0, BLOCK)
+    if on_chip_slots > 0:
+        table = tl.load(table_ptr + tl.arange(0, on_chip_slots))
+    for i in range(blocks_per_program):
+        offs = (pid * blocks_per_program + i) * probe_block + tl.arange(0, probe_block)
         ok = offs < M
         v = tl.load(x_ptr + offs, mask=ok, other=0)
-        found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, KEY_BITS,
-                             LOCAL_SLOTS > 0, MIX)
-        tl.store(out_ptr + offs, found != INVERT, mask=ok)
+        found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, key_bits,
+                             on_chip_slots > 0, murmur_mix)
+        tl.store(out_ptr + offs, found != invert, mask=ok)
+
+
+def plan_launcher(kernel, num_warps: int | None = None) -> Launcher:
+    """The Launcher of a kernel whose spec is its backend's plan: each constexpr parameter is
+    read from the plan's field of that name (the name a config gives it too), and the warps from
+    the plan's num_warps unless a fixed count is given (the set's build launches)."""
+    params = inspect.signature(kernel.fn).parameters
+    names = [name for name, p in params.items() if "constexpr" in str(p.annotation)]
+
+    def constexprs(plan) -> dict:
+        values = {name: getattr(plan, name) for name in names}
+        values["num_warps"] = plan.num_warps if num_warps is None else num_warps
+        return values
+
+    return Launcher(kernel, constexprs)
+
+
+def refuse_unknown(backend: str, config, known: frozenset) -> None:
+    """A config key the backend does not read (a tune record under older names) is refused,
+    not read as a default: a timing must never be filed under a config that did not run."""
+    if not known.issuperset(config):
+        raise InvalidArgument(f"isin {backend}: config keys {sorted(set(config) - known)} are "
+                              f"not this backend's (it reads {', '.join(sorted(known))})")
 
 
 def _key_bits(dtype: torch.dtype) -> int:
@@ -233,4 +258,4 @@ class SetPlan:
     probe_block: int  # elements per probing block
     blocks_per_program: int  # probing blocks per program (amortises an on-chip copy)
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int  # of the probing launch
+    num_warps: int  # of the probing launch

@@ -10,47 +10,48 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, needs_int64, next_pow2
+from .._common import cdiv, needs_int64, next_pow2
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
-from .common import _value_key
+from .common import _value_key, plan_launcher, refuse_unknown
 
 
 @triton.jit
-def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                    TILE_N: tl.constexpr, UNROLL: tl.constexpr, I64: tl.constexpr):
+def _compare_kernel(x_ptr, t_ptr, out_ptr, M, N, invert: tl.constexpr, block_size: tl.constexpr,
+                    test_tile: tl.constexpr, unrolled_length: tl.constexpr,
+                    offsets_64bit: tl.constexpr):
     pid = tl.program_id(0)
-    if I64:
+    if offsets_64bit:
         pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    offs = pid * block_size + tl.arange(0, block_size)
     ok = offs < M
     x, x_nan = _value_key(tl.load(x_ptr + offs, mask=ok))
     # Keys are equal exactly when the values are (-0.0 matches 0.0); NaN lanes are dropped last.
-    if TILE_N == 1 and UNROLL > 0:
-        # A tiny test set (N <= UNROLL): the loop is unrolled, so its scalar loads are independent
-        # straight-line code the compiler issues together, and a program waits for memory once
-        # instead of once per test element. Indices past N re-read the last test element, which
-        # changes no answer and needs no mask.
-        found = tl.zeros([BLOCK], dtype=tl.int1)
+    if test_tile == 1 and unrolled_length > 0:
+        # A tiny test set (N <= unrolled_length): the loop is unrolled, so its scalar loads are
+        # independent straight-line code the compiler issues together, and a program waits for
+        # memory once instead of once per test element. Indices past N re-read the last test
+        # element, which changes no answer and needs no mask.
+        found = tl.zeros([block_size], dtype=tl.int1)
         last = N - 1
-        for j in tl.static_range(UNROLL):
+        for j in tl.static_range(unrolled_length):
             found = found | (x == _value_key(tl.load(t_ptr + tl.minimum(last, j)))[0])
-    elif TILE_N == 1:
+    elif test_tile == 1:
         # Many elements: each test element is one scalar load, the same address for every lane
         # (a broadcast from L1), then one compare and one or per element.
-        found = tl.zeros([BLOCK], dtype=tl.int1)
+        found = tl.zeros([block_size], dtype=tl.int1)
         for j in range(0, N):
             found = found | (x == _value_key(tl.load(t_ptr + j))[0])
     else:
-        # Few elements (few programs): a [BLOCK, TILE_N] tile of comparisons per step, so each
-        # program walks the test set TILE_N elements at a time instead of one.
-        hit = tl.zeros([BLOCK, TILE_N], dtype=tl.int1)
-        for start in range(0, N, TILE_N):
-            cols = start + tl.arange(0, TILE_N)
+        # Few elements (few programs): a [block_size, test_tile] tile of comparisons per step, so
+        # each program walks the test set test_tile elements at a time instead of one.
+        hit = tl.zeros([block_size, test_tile], dtype=tl.int1)
+        for start in range(0, N, test_tile):
+            cols = start + tl.arange(0, test_tile)
             t = _value_key(tl.load(t_ptr + cols, mask=cols < N))[0]
             hit = hit | ((x[:, None] == t[None, :]) & (cols < N)[None, :])
         found = tl.max(hit.to(tl.int8), axis=1) > 0
     found = found & ~x_nan
-    tl.store(out_ptr + offs, found != INVERT, mask=ok)
+    tl.store(out_ptr + offs, found != invert, mask=ok)
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,14 +67,15 @@ class ComparePlan:
     test_tile: int  # test elements compared at once: 1 streams the set, more tile it
     unrolled_length: int  # the test set padded to a power of two for the unrolled loop (0: a loop)
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int
+    num_warps: int
 
 
 # Bound launches (kernels/_common.py): Triton binds a kernel's arguments once per plan, later
 # calls go straight to the compiled kernel.
-_COMPARE = Launcher(_compare_kernel, lambda p: dict(
-    INVERT=p.invert, BLOCK=p.block_size, TILE_N=p.test_tile, UNROLL=p.unrolled_length,
-    I64=p.offsets_64bit, num_warps=p.warps))
+_COMPARE = plan_launcher(_compare_kernel)
+
+#: The keys of a compare config (the plan's fields of those names).
+CONFIG_KEYS = frozenset({"block_size", "test_tile", "num_warps"})
 
 
 class CompareBackend(PlannedBackend):
@@ -90,10 +92,10 @@ class CompareBackend(PlannedBackend):
         return None
 
     def configs(self, call: IsinCall) -> list[dict]:
-        streaming = [{"BLOCK": 2048, "TILE_N": 1, "num_warps": 8},
-                     {"BLOCK": 1024, "TILE_N": 1, "num_warps": 4}]
-        tiled = [{"BLOCK": 64, "TILE_N": 64, "num_warps": 4},
-                 {"BLOCK": 128, "TILE_N": 32, "num_warps": 4}]
+        streaming = [{"block_size": 2048, "test_tile": 1, "num_warps": 8},
+                     {"block_size": 1024, "test_tile": 1, "num_warps": 4}]
+        tiled = [{"block_size": 64, "test_tile": 64, "num_warps": 4},
+                 {"block_size": 128, "test_tile": 32, "num_warps": 4}]
         # Too few blocks of 1024 to fill the GPU, and a test set worth splitting: tiles first.
         # From about one block of 1024 per SM streaming measured faster whatever the test set
         # (benchmarks/results/h200/fits/isin.md, "compare: tiles or streaming first").
@@ -125,7 +127,8 @@ class CompareBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> ComparePlan:
+        refuse_unknown(self.name, config, CONFIG_KEYS)
         n = call.n
-        return ComparePlan(call.elements.dtype, call.m, n, call.invert, config["BLOCK"],
-                           config["TILE_N"], next_pow2(n) if n <= self.MAX_UNROLL else 0,
+        return ComparePlan(call.elements.dtype, call.m, n, call.invert, config["block_size"],
+                           config["test_tile"], next_pow2(n) if n <= self.MAX_UNROLL else 0,
                            needs_int64(call.m), config["num_warps"])

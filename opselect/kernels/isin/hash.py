@@ -10,43 +10,43 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, needs_int64
+from .._common import cdiv, needs_int64
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
-                     _hash_probe_blocks, _key_bits, table_plan)
+                     _hash_probe_blocks, _key_bits, plan_launcher, refuse_unknown, table_plan)
 
 
 @triton.jit
 def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N, log_t,
-                       KEY_BITS: tl.constexpr, BUCKET: tl.constexpr,
-                       MIX: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                       key_bits: tl.constexpr, bucket_width: tl.constexpr,
+                       murmur_mix: tl.constexpr, build_block: tl.constexpr):
+    offs = tl.program_id(0) * build_block + tl.arange(0, build_block)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, KEY_BITS, BUCKET, MIX)
+    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, murmur_mix)
 
 
 @triton.jit
 def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
-                       KEY_BITS: tl.constexpr, LOCAL_SLOTS: tl.constexpr,
-                       INVERT: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCKS_PER_PROGRAM: tl.constexpr, MIX: tl.constexpr, I64: tl.constexpr):
+                       key_bits: tl.constexpr, on_chip_slots: tl.constexpr,
+                       invert: tl.constexpr, probe_block: tl.constexpr,
+                       blocks_per_program: tl.constexpr, murmur_mix: tl.constexpr,
+                       offsets_64bit: tl.constexpr):
     pid = tl.program_id(0)
-    if I64:
+    if offsets_64bit:
         pid = pid.to(tl.int64)
-    _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, KEY_BITS,
-                       LOCAL_SLOTS, INVERT, BLOCK, BLOCKS_PER_PROGRAM, MIX)
+    _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, key_bits,
+                       on_chip_slots, invert, probe_block, blocks_per_program, murmur_mix)
 
 
-_HASH_BUILD = Launcher(_hash_build_kernel, lambda p: dict(
-    KEY_BITS=p.key_bits, BUCKET=p.bucket_width, MIX=p.murmur_mix, BLOCK=p.build_block,
-    num_warps=4))
+_HASH_BUILD = plan_launcher(_hash_build_kernel, num_warps=4)
+_HASH_PROBE = plan_launcher(_hash_probe_kernel)
 
-
-_HASH_PROBE = Launcher(_hash_probe_kernel, lambda p: dict(
-    KEY_BITS=p.key_bits, LOCAL_SLOTS=p.on_chip_slots, INVERT=p.invert, BLOCK=p.probe_block,
-    BLOCKS_PER_PROGRAM=p.blocks_per_program, MIX=p.murmur_mix, I64=p.offsets_64bit,
-    num_warps=p.warps))
+#: The keys of a hash config: probe_block, blocks_per_program (the most a program probes, with a
+#: table on chip), on_chip (copy the table on chip where it fits), slots_per_key (the table's
+#: size: at least this many slots per test element), num_warps (of the probing launch).
+CONFIG_KEYS = frozenset({"probe_block", "blocks_per_program", "on_chip", "slots_per_key",
+                         "num_warps"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +55,12 @@ class HashPlan(SetPlan):
     the cost model's input."""
 
     murmur_mix: bool  # floats in tables read through L2 go through murmur's finaliser
+
+
+def _config(probe_block: int, blocks_per_program: int, on_chip: bool, slots_per_key: int,
+            num_warps: int) -> dict:
+    return {"probe_block": probe_block, "blocks_per_program": blocks_per_program,
+            "on_chip": on_chip, "slots_per_key": slots_per_key, "num_warps": num_warps}
 
 
 class HashBackend(PlannedBackend):
@@ -69,14 +75,10 @@ class HashBackend(PlannedBackend):
             # that copy better than more blocks per program do.)
             # 2048 x 4 first: tuning chose it on most such calls that take long enough to
             # matter (benchmarks/results/h200/fits/isin.md, "hash: the first configs").
-            return [{"BLOCK": 2048, "PER_PROGRAM": 4, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
-                    {"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 4, "num_warps": 8},
-                    {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
-                    {"BLOCK": 4096, "PER_PROGRAM": 2, "LOCAL": True, "SLOTS": 8, "num_warps": 8}]
-        out = [{"BLOCK": 512, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
-               {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 4, "num_warps": 4},
-               {"BLOCK": 1024, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 2, "num_warps": 4},
-               {"BLOCK": 2048, "PER_PROGRAM": 1, "LOCAL": False, "SLOTS": 8, "num_warps": 8}]
+            return [_config(2048, 4, True, 4, 8), _config(4096, 2, True, 4, 8),
+                    _config(1024, 1, False, 4, 4), _config(4096, 2, True, 8, 8)]
+        out = [_config(512, 1, False, 4, 4), _config(1024, 1, False, 4, 4),
+               _config(1024, 1, False, 2, 4), _config(2048, 1, False, 8, 8)]
         # Blocks of 512 first: tuning chose them on most long calls (same heading).
         key_bits = _key_bits(call.elements.dtype)
         table_bytes = (1 << table_plan(call.n, key_bits, False)[0]) * key_bits // 8
@@ -120,19 +122,20 @@ class HashBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> HashPlan:
+        refuse_unknown(self.name, config, CONFIG_KEYS)
         dtype, m = call.elements.dtype, call.m
         key_bits = _key_bits(dtype)
-        log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("LOCAL")),
-                                        config.get("SLOTS", 4))
+        log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("on_chip")),
+                                        config.get("slots_per_key", 4))
         # Floats go through murmur's finaliser in tables read through L2; on-chip tables (up
         # to 1K-4K keys) keep Fibonacci hashing, which measured faster there
         # (benchmarks/results/h200/fits/isin.md, "hash: Fibonacci hashing for on-chip float
         # tables").
         mix = dtype.is_floating_point and not local_slots
-        block = config["BLOCK"]
-        per = _blocks_per_program(m, block, config["PER_PROGRAM"] if local_slots else 1)
+        block = config["probe_block"]
+        per = _blocks_per_program(m, block, config["blocks_per_program"] if local_slots else 1)
         return HashPlan(dtype=dtype, elements=m, test_elements=call.n, invert=call.invert,
                         key_bits=key_bits, table_log2=log_t, on_chip_slots=local_slots,
                         bucket_width=1 if local_slots else WIDE_BUCKET.value, build_block=1024,
                         probe_block=block, blocks_per_program=per, offsets_64bit=needs_int64(m),
-                        warps=config["num_warps"], murmur_mix=mix)
+                        num_warps=config["num_warps"], murmur_mix=mix)

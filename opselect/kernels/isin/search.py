@@ -11,27 +11,27 @@ import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
-from .._common import Launcher, cdiv, flat, needs_int64
+from .._common import cdiv, flat, needs_int64
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _trivial
-from .common import _value_key
+from .common import _value_key, plan_launcher, refuse_unknown
 
 
 # N is never specialised: with N == 1 folded in, triton 3.6's coalescing pass crashes on this kernel
 # (an assertion in TritonGPUCoalesce; tools/compile_check.py --edges finds it).
 @triton.jit(do_not_specialize=["N"])
 def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
-                   INVERT: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+                   invert: tl.constexpr, block_size: tl.constexpr, offsets_64bit: tl.constexpr):
     pid = tl.program_id(0)
-    if I64:
+    if offsets_64bit:
         pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    offs = pid * block_size + tl.arange(0, block_size)
     ok = offs < M
     x, x_nan = _value_key(tl.load(x_ptr + offs, mask=ok))
     # Branchless lower bound: the window [base, base + n) halves each step for every lane alike,
     # so the loop has the same trip count (ceil(log2 N)) everywhere and no divergence; N is not a
     # compile-time constant, so one compiled kernel serves every size. The first steps read the
     # same few addresses from every lane, which stay in L1.
-    base = tl.zeros([BLOCK], dtype=tl.int64 if I64 else tl.int32)
+    base = tl.zeros([block_size], dtype=tl.int64 if offsets_64bit else tl.int32)
     n = N
     while n > 1:
         half = n // 2
@@ -43,7 +43,7 @@ def _search_kernel(x_ptr, sorted_ptr, out_ptr, M, N,
     after = base + 1
     second = _value_key(tl.load(sorted_ptr + after, mask=(first < x) & (after < N)))[0]
     found = ((first == x) | ((first < x) & (after < N) & (second == x))) & ~x_nan
-    tl.store(out_ptr + offs, found != INVERT, mask=ok)
+    tl.store(out_ptr + offs, found != invert, mask=ok)
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,11 +55,13 @@ class SearchPlan:
     invert: bool  # isin(..., invert=True)
     block_size: int  # elements per program
     offsets_64bit: bool  # offsets past 2**31 elements
-    warps: int
+    num_warps: int
 
 
-_SEARCH = Launcher(_search_kernel, lambda p: dict(INVERT=p.invert, BLOCK=p.block_size,
-                                                  I64=p.offsets_64bit, num_warps=p.warps))
+_SEARCH = plan_launcher(_search_kernel)
+
+#: The keys of a search config (the plan's fields of those names).
+CONFIG_KEYS = frozenset({"block_size", "num_warps"})
 
 
 class SearchBackend(PlannedBackend):
@@ -67,8 +69,8 @@ class SearchBackend(PlannedBackend):
     estimate = staticmethod(cost.search)
 
     def configs(self, call: IsinCall) -> list[dict]:
-        return [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 512, "num_warps": 4},
-                {"BLOCK": 2048, "num_warps": 8}]
+        return [{"block_size": 1024, "num_warps": 4}, {"block_size": 512, "num_warps": 4},
+                {"block_size": 2048, "num_warps": 8}]
 
     def run(self, call: IsinCall, config) -> torch.Tensor:
         done = _trivial(call)
@@ -108,5 +110,6 @@ class SearchBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.invert, needs_int64(call.m, call.n)
 
     def make_plan(self, call: IsinCall, config, sms: int) -> SearchPlan:
-        return SearchPlan(call.elements.dtype, call.m, call.invert, config["BLOCK"],
+        refuse_unknown(self.name, config, CONFIG_KEYS)
+        return SearchPlan(call.elements.dtype, call.m, call.invert, config["block_size"],
                           needs_int64(call.m, call.n), config["num_warps"])
