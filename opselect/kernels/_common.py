@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from typing import Callable
 
@@ -10,6 +11,7 @@ import torch
 import triton
 
 from .. import switches
+from ..errors import InvalidArgument
 
 INT32_SAFE = 2**31 - 2**20  # above this, offsets in kernels are computed in 64 bits
 
@@ -330,3 +332,34 @@ def _hooks_idle() -> bool:
     enter, exit_ = _RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook
     return ((enter is None or not getattr(enter, "calls", True))
             and (exit_ is None or not getattr(exit_, "calls", True)))
+
+
+def plan_launcher(kernel, num_warps: "str | int" = "num_warps", **options: str) -> Launcher:
+    """The Launcher of a kernel whose spec is its backend's plan: each constexpr parameter is
+    the plan's field (or property) of the same name, the name a config gives it too (one name
+    from the tune cache to the kernel). num_warps is the plan field named here, or a fixed
+    count; any other launch option (launch_pdl) the plan field named for it."""
+    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
+                  if "constexpr" in str(param.annotation))
+
+    def constexprs(plan) -> dict:
+        out = {name: getattr(plan, name) for name in names}
+        out["num_warps"] = num_warps if isinstance(num_warps, int) else getattr(plan, num_warps)
+        out.update((option, getattr(plan, field)) for option, field in options.items())
+        return out
+
+    return Launcher(kernel, constexprs)
+
+
+def check_config(backend: str, config, keys: frozenset, *, complete: bool = False) -> None:
+    """Refuse a config with a key its backend does not read (and, complete, one without a key
+    it needs). A config is data from the tune cache (perhaps written by an older opselect, under
+    older names) or from a script; a plan that read defaults in an unknown key's place would
+    have a timing filed under a config that never ran. `backend`: "<op> <backend>"."""
+    unknown = set(config) - keys
+    missing = keys - set(config) if complete else set()
+    wrong = ([f"keys {sorted(unknown)} are not this backend's"] if unknown else []) + (
+        [f"keys {sorted(missing)} are missing"] if missing else [])
+    if wrong:
+        raise InvalidArgument(f"{backend}: config {'; '.join(wrong)} (it reads "
+                              f"{', '.join(sorted(keys))})")

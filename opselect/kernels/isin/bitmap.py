@@ -14,7 +14,7 @@ from ...heuristics import isin as cost
 from .._common import allocator, cdiv, needs_int64, next_pow2
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program,
-                     _hash_insert, _hash_probe_blocks, _key_bits, plan_launcher, refuse_unknown,
+                     _hash_insert, _hash_probe_blocks, _key_bits, plan_launcher, check_config,
                      table_plan)
 
 
@@ -237,7 +237,7 @@ class BitmapBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> BitmapPlan:
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"isin {self.name}", config, CONFIG_KEYS)
         dtype, m, n = call.elements.dtype, call.m, call.n
         key_bits = _key_bits(dtype)
         cap_bits = bitmap_capacity(n, dtype)

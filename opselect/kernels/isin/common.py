@@ -3,15 +3,13 @@ and the open-addressing hash set (insert, lookup, probe blocks) that hash and bi
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ...errors import InvalidArgument
-from .._common import Launcher, cdiv
+from .._common import Launcher, cdiv, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
 
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
@@ -188,29 +186,6 @@ def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid,
         found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, key_bits,
                              on_chip_slots > 0, murmur_mix)
         tl.store(out_ptr + offs, found != invert, mask=ok)
-
-
-def plan_launcher(kernel, num_warps: int | None = None) -> Launcher:
-    """The Launcher of a kernel whose spec is its backend's plan: each constexpr parameter is
-    read from the plan's field of that name (the name a config gives it too), and the warps from
-    the plan's num_warps unless a fixed count is given (the set's build launches)."""
-    params = inspect.signature(kernel.fn).parameters
-    names = [name for name, p in params.items() if "constexpr" in str(p.annotation)]
-
-    def constexprs(plan) -> dict:
-        values = {name: getattr(plan, name) for name in names}
-        values["num_warps"] = plan.num_warps if num_warps is None else num_warps
-        return values
-
-    return Launcher(kernel, constexprs)
-
-
-def refuse_unknown(backend: str, config, known: frozenset) -> None:
-    """A config key the backend does not read (a tune record under older names) is refused,
-    not read as a default: a timing must never be filed under a config that did not run."""
-    if not known.issuperset(config):
-        raise InvalidArgument(f"isin {backend}: config keys {sorted(set(config) - known)} are "
-                              f"not this backend's (it reads {', '.join(sorted(known))})")
 
 
 def _key_bits(dtype: torch.dtype) -> int:

@@ -12,7 +12,7 @@ from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import cdiv, needs_int64, next_pow2
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
-from .common import _value_key, plan_launcher, refuse_unknown
+from .common import _value_key, plan_launcher, check_config
 
 
 @triton.jit
@@ -127,7 +127,7 @@ class CompareBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> ComparePlan:
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"isin {self.name}", config, CONFIG_KEYS)
         n = call.n
         return ComparePlan(call.elements.dtype, call.m, n, call.invert, config["block_size"],
                            config["test_tile"], next_pow2(n) if n <= self.MAX_UNROLL else 0,

@@ -13,7 +13,7 @@ from ...heuristics import isin as cost
 from .._common import cdiv, needs_int64
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
 from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
-                     _hash_probe_blocks, _key_bits, plan_launcher, refuse_unknown, table_plan)
+                     _hash_probe_blocks, _key_bits, plan_launcher, check_config, table_plan)
 
 
 @triton.jit
@@ -122,7 +122,7 @@ class HashBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> HashPlan:
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"isin {self.name}", config, CONFIG_KEYS)
         dtype, m = call.elements.dtype, call.m
         key_bits = _key_bits(dtype)
         log_t, local_slots = table_plan(call.n, key_bits, bool(config.get("on_chip")),

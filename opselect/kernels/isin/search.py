@@ -13,7 +13,7 @@ from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import cdiv, flat, needs_int64
 from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _trivial
-from .common import _value_key, plan_launcher, refuse_unknown
+from .common import _value_key, plan_launcher, check_config
 
 
 # N is never specialised: with N == 1 folded in, triton 3.6's coalescing pass crashes on this kernel
@@ -110,6 +110,6 @@ class SearchBackend(PlannedBackend):
         return call.elements.dtype, call.m, call.invert, needs_int64(call.m, call.n)
 
     def make_plan(self, call: IsinCall, config, sms: int) -> SearchPlan:
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"isin {self.name}", config, CONFIG_KEYS)
         return SearchPlan(call.elements.dtype, call.m, call.invert, config["block_size"],
                           needs_int64(call.m, call.n), config["num_warps"])

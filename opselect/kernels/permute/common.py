@@ -4,7 +4,6 @@ output, the bound launch)."""
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Callable
 
@@ -13,8 +12,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.backend import Backend
-from ...errors import InvalidArgument
-from .._common import BoundLaunch, Launcher, allocator
+from .._common import BoundLaunch, Launcher, allocator, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
 from .call import PermuteCall, _direct_out, _finish, _trivial
 
 
@@ -165,26 +163,6 @@ def _tiles_per_program(wanted: int, n_tiles: int) -> int:
     while tpp < wanted and n_tiles % (2 * tpp) == 0 and n_tiles // (2 * tpp) >= 2:
         tpp *= 2
     return tpp
-
-
-def plan_launcher(kernel) -> Launcher:
-    """The Launcher of a kernel whose spec is its backend's launch plan: each constexpr
-    parameter is the plan's field of the same name (one name from the tune cache to the kernel),
-    num_warps the plan's num_warps."""
-    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
-                  if "constexpr" in str(param.annotation))
-    return Launcher(kernel, lambda plan: {**{name: getattr(plan, name) for name in names},
-                                          "num_warps": plan.num_warps})
-
-
-def refuse_unknown(backend: str, config, known: frozenset) -> None:
-    """Refuse a config with a key the backend does not read: a tune record under older names
-    (or a script's typo) would otherwise run defaults in the key's place, and a timing would be
-    filed under a config that never ran."""
-    unknown = set(config) - known
-    if unknown:
-        raise InvalidArgument(f"permute {backend}: config keys {sorted(unknown)} are not this "
-                              f"backend's (it reads {', '.join(sorted(known))})")
 
 
 def _prepared_copy(call: PermuteCall, launch: BoundLaunch, ints: tuple

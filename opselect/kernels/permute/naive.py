@@ -14,7 +14,7 @@ from ...heuristics import permute as cost
 from .._common import cdiv, needs_int64
 from .call import MAX_DIMS, PermuteCall
 from .common import (UNIT_DTYPES, _offset, _padded, _prepared_copy, _TritonBackend, plan_launcher,
-                     refuse_unknown)
+                     check_config)
 
 
 @triton.jit
@@ -72,7 +72,7 @@ class NaiveBackend(_TritonBackend):
                 {"block": 512, "num_warps": 4}]
 
     def _prepare(self, call: PermuteCall, config):
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"permute {self.name}", config, CONFIG_KEYS)
         w = call.W
         sizes, strides = call.sizes or [1], call.strides or [1]
         n = call.numel * call.input.element_size() // call.esize

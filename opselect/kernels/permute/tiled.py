@@ -15,7 +15,7 @@ from ...heuristics import permute as cost
 from .._common import BoundLaunch, cdiv, needs_int64, next_pow2
 from .call import MAX_DIMS, PermuteCall
 from .common import (UNIT_DTYPES, _prepared_copy, _tiles_per_program, _TritonBackend,
-                     plan_launcher, refuse_unknown)
+                     plan_launcher, check_config)
 
 
 #: Batch dims of the tiled kernel: MAX_DIMS minus one dim each for groups A and B.
@@ -374,7 +374,7 @@ class TiledBackend(_TritonBackend):
         if call.tile is None:  # nothing to tile (an empty call, or one torch answers)
             return None
         config = self.configs(call)[0] if config is None else config
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"permute {self.name}", config, CONFIG_KEYS)
         geometry = _plan(call)
         if config.get("narrow") and geometry.narrow:
             n, m = ((geometry.A, geometry.B) if geometry.narrow == "in"
@@ -445,7 +445,7 @@ class TiledBackend(_TritonBackend):
         return ba, bb
 
     def _prepare(self, call: PermuteCall, config):
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"permute {self.name}", config, CONFIG_KEYS)
         plan = _plan(call)
         unit, w = call.unit, plan.w
         batch = []

@@ -13,7 +13,7 @@ from ...heuristics import permute as cost
 from .._common import cdiv, needs_int64, next_pow2
 from .call import MAX_DIMS, PermuteCall
 from .common import (UNIT_DTYPES, _offset, _padded, _prepared_copy, _tiles_per_program,
-                     _TritonBackend, plan_launcher, refuse_unknown)
+                     _TritonBackend, plan_launcher, check_config)
 
 
 @triton.jit
@@ -98,7 +98,7 @@ class VectorizedBackend(_TritonBackend):
                 {"tile_bytes": 16384, "num_warps": 8, "tiles_per_program": 1}]
 
     def _prepare(self, call: PermuteCall, config):
-        refuse_unknown(self.name, config, CONFIG_KEYS)
+        check_config(f"permute {self.name}", config, CONFIG_KEYS)
         unit, w = call.unit, call.W
         sizes, strides = call.sizes or [1], call.strides or [1]
         lu = sizes[-1] * w  # units per run

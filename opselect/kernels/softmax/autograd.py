@@ -378,7 +378,7 @@ class ForwardBackend(Backend):
 
     def _check(self, call: SoftmaxCall, config) -> None:
         if config or call.numel:
-            check_config(self.name, config, self.config_keys(config))
+            check_config(f"softmax {self.name}", config, self.config_keys(config), complete=True)
 
     def run(self, call: SoftmaxCall, config) -> torch.Tensor:
         self._check(call, config)

@@ -4,7 +4,6 @@ that fused and multirow both launch, and the host arithmetic of warps, residency
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -13,8 +12,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.device import INTERPRETED
-from ...errors import InvalidArgument
-from .._common import Launcher, allocator, cdiv, needs_int64, next_pow2
+from .._common import Launcher, allocator, cdiv, check_config, needs_int64, next_pow2, plan_launcher  # noqa: F401 (the backends import the last two from here)
 from .call import SoftmaxCall
 
 
@@ -175,32 +173,6 @@ def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
 # (the scratch tensors' follow from f64), every integer argument, the constexprs and the warps;
 # a launcher reads each constexpr from the plan field of the parameter's name (plan_launcher).
 # LAUNCHERS names them by kernel, for tests that watch the launches.
-def plan_launcher(kernel) -> Launcher:
-    """The Launcher of a kernel whose spec is a plan: each constexpr parameter is the plan's
-    field (or property) of the same name, num_warps the plan's num_warps. One name for a tunable
-    from the tune cache's config to the kernel."""
-    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
-                  if "constexpr" in str(param.annotation))
-
-    def constexprs(plan) -> dict:
-        out = {name: getattr(plan, name) for name in names}
-        out["num_warps"] = plan.num_warps
-        return out
-
-    return Launcher(kernel, constexprs)
-
-
-def check_config(backend: str, config, keys: frozenset) -> None:
-    """Refuse a config whose keys are not the ones its backend reads. A config comes from the
-    tune cache (perhaps written by an older opselect, under older names) or from a script; read
-    with defaults in place of unknown keys, a timing would be filed under a config that never
-    ran."""
-    unknown, missing = set(config) - keys, keys - set(config)
-    wrong = ([f"keys {sorted(unknown)} are not this backend's"] if unknown else []) + (
-        [f"keys {sorted(missing)} are missing"] if missing else [])
-    if wrong:
-        raise InvalidArgument(f"softmax {backend}: config {'; '.join(wrong)} (it reads "
-                              f"{', '.join(sorted(keys))})")
 
 
 @dataclass(frozen=True, eq=False)

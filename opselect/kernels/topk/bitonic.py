@@ -133,7 +133,7 @@ class BitonicBackend(PreparedRuns, PlannedBackend):
         return call.R, call.N, call.k, call.input.dtype, call.largest, _reader(call, False)[1:]
 
     def make_plan(self, call: TopkCall, config: dict, sms: int) -> BitonicPlan:
-        check_config("bitonic", config, CONFIG_KEYS)
+        check_config("topk bitonic", config, CONFIG_KEYS)
         _, row_stride, col_stride = _reader(call, unit_col=False)
         return BitonicPlan(rows_per_program=config["rows_per_program"],
                            row_padded=max(1, next_pow2(call.N)), k_padded=next_pow2(call.k),

@@ -4,16 +4,15 @@ class of the planned backends."""
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 import triton
 import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
-from ...errors import InvalidArgument, OpselectError
+from ...errors import OpselectError
 from ...switches import enabled
-from .._common import Launcher
+from .._common import Launcher, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
 from .call import PreparedRuns, TopkCall, _reader
 
 
@@ -335,34 +334,6 @@ def _row_stride(call: TopkCall) -> int:
     """The stride between the rows the kernels of adjacent elements read (the input's own, or
     that of the contiguous copy _reader makes)."""
     return _reader(call, unit_col=True)[1]
-
-
-def plan_launcher(kernel, num_warps: str = "num_warps", **options: str) -> Launcher:
-    """The Launcher of a kernel whose spec is its backend's plan: each constexpr parameter is
-    the plan's field of the same name (the name a config gives it too: one name from the tune
-    cache to the kernel), num_warps and any other launch option (launch_pdl) the plan field
-    named here."""
-    names = tuple(name for name, param in inspect.signature(kernel.fn).parameters.items()
-                  if "constexpr" in str(param.annotation))
-    fields = {"num_warps": num_warps, **options}
-
-    def constexprs(plan) -> dict:
-        out = {name: getattr(plan, name) for name in names}
-        out.update((option, getattr(plan, name)) for option, name in fields.items())
-        return out
-
-    return Launcher(kernel, constexprs)
-
-
-def check_config(backend: str, config, known: frozenset) -> None:
-    """Refuse a config with a key its backend's plan does not read. A config is data from the
-    tune cache (written by an older opselect, under older names) or from a script; a plan that
-    ignored an unknown key would run its defaults in the key's place, and a timing would be
-    filed under a config that never ran."""
-    unknown = set(config) - known
-    if unknown:
-        raise InvalidArgument(f"topk {backend}: config keys {sorted(unknown)} are not this "
-                              f"backend's (it reads {', '.join(sorted(known))})")
 
 
 class _PlannedBackend(PreparedRuns, PlannedBackend):

@@ -434,7 +434,7 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
                 pdl_device: bool = False) -> MaximaPlan:
     """The plan of R rows of N (row_stride apart: N by default), k of each, largest or not;
     pdl_device: the device has griddepcontrol (sm_90+, not the interpreter)."""
-    check_config("maxima", config, CONFIG_KEYS)
+    check_config("topk maxima", config, CONFIG_KEYS)
     p = SimpleNamespace()  # filled below, frozen at the end
     p.reason = None
     p.row_stride, p.flip = N if row_stride is None else row_stride, 0 if largest else -1

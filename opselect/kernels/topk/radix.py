@@ -456,7 +456,7 @@ def radix_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: i
                config: dict, *, row_stride: int | None = None,
                largest: bool = True) -> RadixPlan:
     """The plan of R rows of N (row_stride apart: N by default), k of each, largest or not."""
-    check_config("radix", config, CONFIG_KEYS)
+    check_config("topk radix", config, CONFIG_KEYS)
     key64 = _key64(dtype)
     p = SimpleNamespace()  # filled below, frozen at the end
     p.is_float, p.key64 = dtype.is_floating_point, key64

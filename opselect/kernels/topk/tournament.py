@@ -217,7 +217,7 @@ def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, s
                     config: dict, *, row_stride: int | None = None,
                     largest: bool = True) -> TournamentPlan:
     """The plan of R rows of N (row_stride apart: N by default), k of each, largest or not."""
-    check_config("tournament", config, CONFIG_KEYS)
+    check_config("topk tournament", config, CONFIG_KEYS)
     p = SimpleNamespace()  # filled below, frozen at the end
     p.reason = None
     p.sort, p.is_float = sorted_, dtype.is_floating_point
