@@ -135,11 +135,15 @@ def test_debug_shows_the_traceback(capsys):
 def test_ctrl_c_on_warm_exits_130_and_keeps_what_finished(tmp_path):
     """SIGINT to `opselect warm` after its first record: exit 130, finished records kept."""
     spec = tmp_path / "spec.yaml"
-    # Far more entries than warm can finish while this process looks for the first record: on
-    # a loaded two-core machine one look took long enough for warm to finish 360 entries (exit 0).
-    entries = 3000
-    spec.write_text("".join(f"- {{op: permute, shapes: [[{n}, 3]], dtypes: [float32], "
-                            f"options: {{dims: [1, 0]}}}}\n" for n in range(40, 40 + entries)))
+    # Entries that each need tuning: every one its own shape bucket (3-d shapes, each dim in its
+    # own power of two). Entries of one bucket after its first are cache hits that warm passes
+    # in a millisecond: 3,000 shapes [[n, 3]] fell in 32 buckets, and warm finished them all
+    # (exit 0) while this process was still opening the cache to look for the first record.
+    sizes = (2, 4, 8, 16, 32, 64)
+    entries = len(sizes) ** 3
+    spec.write_text("".join(f"- {{op: permute, shapes: [[{a + 1}, {b + 1}, {c + 1}]], "
+                            f"dtypes: [float32], options: {{dims: [2, 0, 1]}}}}\n"
+                            for a in sizes for b in sizes for c in sizes))
     env = dict(os.environ, OPSELECT_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT))
     if not torch.cuda.is_available():
