@@ -159,8 +159,16 @@ def test_ctrl_c_on_warm_exits_130_and_keeps_what_finished(tmp_path):
             if done >= 1:
                 break
         assert done >= 1, "no record was written in time"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        # Again until it ends: a SIGINT that lands inside a cache statement is swallowed by
+        # sqlite3 (the known bug that tests/test_cache_security.py's xfail test shows).
+        # (5 s apart: a second one while warm exits would interrupt its exit)
+        for _ in range(24):
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     finally:
         if proc.poll() is None:
             proc.kill()
