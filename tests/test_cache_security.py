@@ -749,12 +749,10 @@ def test_depth_scan_agrees_with_the_parser():
     assert transfer.json_depth(b'["[[[[ unterminated') == 1
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: sqlite3 swallows a KeyboardInterrupt raised in "
-                   "the progress handler and _run retries the interrupted statement as a wait")
 def test_ctrl_c_during_a_statement_is_not_taken_for_a_wait():
     """SIGINT while a cache statement runs: sqlite3 swallows the KeyboardInterrupt raised in the
-    progress handler and reports the statement as interrupted, which is retried as a wait (warm
-    then runs on to the end, exit 0). It should reach the caller as KeyboardInterrupt."""
+    progress handler and reports the statement as interrupted. _run must not retry that as a
+    wait (warm would run on to the end, exit 0): it reaches the caller as KeyboardInterrupt."""
     import os
     import signal
     import threading
@@ -776,3 +774,44 @@ def test_ctrl_c_during_a_statement_is_not_taken_for_a_wait():
         timer.cancel()
         db._db_lock.release()
     assert time.monotonic() - started < 2  # not retried until the deadline
+
+
+def test_a_programs_own_ctrl_c_handler_is_called_once_and_restored():
+    """A program that handles SIGINT itself (and goes on) gets the signal once, the statement
+    the signal stopped runs again to its end, and the program's handler is in place after."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from opselect.tune_cache import store
+
+    seen = []
+
+    def programs_handler(signum, frame):
+        seen.append(signum)
+
+    db = store().db
+    count = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) "
+             "SELECT count(*) FROM c")
+    before = signal.signal(signal.SIGINT, programs_handler)
+    assert db._acquire(time.monotonic() + 10)
+    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        runs = []
+
+        def work(con):
+            runs.append(time.monotonic())
+            return con.execute(count).fetchone()
+
+        result = db._run(work, time.monotonic() + 60, "count")
+        timer.join()
+        assert result == (3000000,)
+        assert seen == [signal.SIGINT]
+        assert len(runs) == 2  # stopped by the signal (it takes longer than 0.05 s), then again
+        assert signal.getsignal(signal.SIGINT) is programs_handler
+    finally:
+        timer.cancel()
+        db._db_lock.release()
+        signal.signal(signal.SIGINT, before)

@@ -17,6 +17,7 @@ statement still running at its deadline is interrupted.
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -56,6 +57,46 @@ def failure(exc: sqlite3.Error) -> Exception:
     if primary == 14:
         return Unusable(text)
     return Unusable(f"{type(exc).__name__}: {text}")
+
+
+class HeldCtrlC:
+    """SIGINT held while SQLite runs a statement of the main thread, and passed on after it.
+
+    Python runs a signal's handler at the next bytecode, which during a statement is the first
+    one of the progress handler; sqlite3 swallows an exception raised there and reports the
+    statement as interrupted, which would look like a wait for the lock. So while a statement
+    runs, SIGINT only sets `caught` (the progress handler then stops the statement), and the
+    handler the program had is called as the signal would have called it."""
+
+    __slots__ = ("caught", "_signal", "_previous")
+
+    def __init__(self):
+        self.caught = False
+        self._signal = None
+        self._previous = None
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals are handled by the main thread only
+        previous = signal.getsignal(signal.SIGINT)
+        if callable(previous):  # (SIG_IGN, SIG_DFL and C handlers never run Python)
+            self._previous = previous
+            signal.signal(signal.SIGINT, self._catch)
+
+    def _catch(self, signum, frame) -> None:
+        self._signal = (signum, frame)
+        self.caught = True
+
+    def deliver(self) -> None:
+        """The held signal to the program's handler, which may raise."""
+        held, self._signal, self.caught = self._signal, None, False
+        if held is not None and self._previous is not None:
+            self._previous(*held)
+
+    def release(self) -> None:
+        if self._previous is None:
+            return
+        signal.signal(signal.SIGINT, self._previous)
+        self.deliver()
+        self._previous = None
 
 
 def set_busy_timeout(con: sqlite3.Connection, seconds: float) -> None:
@@ -230,6 +271,15 @@ class SqliteFile:
         raises Busy, ReadOnly or Unusable. An interruptible statement (the call path's) still
         running at the deadline is stopped: a file nobody else can write makes that unlikely, but
         its schema is not ours to trust."""
+        if not interruptible:  # no Python runs during its statements: a signal waits for the end
+            return self._retry(work, deadline, what, None)
+        ctrl_c = HeldCtrlC()
+        try:
+            return self._retry(work, deadline, what, ctrl_c)
+        finally:
+            ctrl_c.release()
+
+    def _retry(self, work, deadline: float, what: str, ctrl_c: HeldCtrlC | None):
         announced = False
         pause = 0.002
         while True:
@@ -239,10 +289,14 @@ class SqliteFile:
                 left = max(0.0, deadline - time.monotonic())
                 set_busy_timeout(con, left if announced else min(left, CALL_WAIT_S))
                 con.set_progress_handler(
-                    (lambda: time.monotonic() > deadline) if interruptible else None, 1000)
+                    None if ctrl_c is None else
+                    (lambda: ctrl_c.caught or time.monotonic() > deadline), 1000)
                 return work(con)
             except sqlite3.Error as exc:
                 rollback(con)
+                if ctrl_c is not None and ctrl_c.caught:
+                    ctrl_c.deliver()  # the program's handler (KeyboardInterrupt by default)
+                    continue  # it chose to go on: the statement was stopped, run it again
                 outcome = failure(exc)
                 if (not self.writable and not self._immutable and (
                         isinstance(outcome, ReadOnly)
