@@ -124,19 +124,25 @@ def _wrap(dim: int, rank: int, what: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # Autograd (reverse and forward mode) and vmap
 #
-# Each op's Autograd kernel is an autograd.Function (as torch.library.register_autograd makes
-# one) that also has a jvp, so a dual tensor's tangent is carried, never dropped; its forward
-# runs the op below autograd. vmap rules fold the batch dim into the op's own input
-# (the fronts' transform Functions have the same rules for the eager path).
+# Each op's Autograd kernel applies the op's one autograd.Function, the class in its front that
+# eager calls watched by a transform go through too. It is what torch.library.register_autograd
+# would make, plus a jvp, so a dual tensor's tangent is carried, never dropped; applied from here
+# (library=True), its forward runs the op below autograd. The op's vmap rule folds the batch dim
+# into the op's own input: the Function's rule (the front's batching helper, given the op).
 # ---------------------------------------------------------------------------------------------
 _BelowAutograd = torch._C._AutoDispatchBelowAutograd
 _any_requires_grad = torch._C._any_requires_grad
 
 
 def _apply(fn: type, *args):
-    """fn.apply as the op's Autograd kernel. torch.func's grad / jvp transforms cannot run a
-    custom op's autograd.Function from there (register_autograd's ops fail the same way), so
-    they get a clear error naming the eager op, which supports them (transforms.py)."""
+    """fn.apply as the op's Autograd kernel; args end with the Function's `library` argument,
+    True here: its forward runs the library op below autograd (a traced graph keeps the op,
+    whose fake gives the outputs). An eager call applies the same Function with False: its
+    forward runs the dispatcher on plain tensors (torch.func calls it one level down, where
+    they are plain). torch.func's grad / jvp transforms cannot run a custom op's
+    autograd.Function from here (register_autograd's ops fail the same way), so they get a
+    clear error naming the eager op, which supports them (the same Function, through
+    fn.apply)."""
     if _functorch_active():
         raise NotImplementedError(
             f"torch.ops.opselect.{fn.op_name}: torch.func's grad / jvp / jacrev transforms do "
@@ -156,10 +162,6 @@ def _differentiated(*tensors) -> bool:
     if _fwad._current_level < 0:
         return False
     return any(_fwad.unpack_dual(t).tangent is not None for t in tensors)
-
-
-def _first(x: torch.Tensor, bdim) -> torch.Tensor:
-    return x if bdim in (None, 0) else x.movedim(bdim, 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ is in its front, opselect/fronts/<op>.py.
 
 The kernels read tensors' memory, which a dual tensor has but a functorch wrapper (the
 TensorWrapper of torch.func.jvp / grad, the BatchedTensor of vmap) does not. So a call that a
-transform is watching goes through one torch.autograd.Function per op, which gives torch the rules
-it needs and runs the kernels on plain tensors only:
+transform is watching goes through the op's torch.autograd.Function, which gives torch the rules
+it needs and runs the kernels on plain tensors only. It is one Function per op: the same class is
+the Autograd kernel of the op's torch.library op (what compiled graphs run), where its forward
+runs the library op below autograd instead (its `library` argument):
 
   forward   the dispatcher's choice (or the forced backend) on the unwrapped tensors; torch.func
             calls it one level down, where the tensors are plain (setup_context style)
@@ -14,10 +16,13 @@ it needs and runs the kernels on plain tensors only:
             log_softmax: t - sum(exp(y) * t); topk: the tangent gathered at the indices; permute:
             the tangent permuted); isin has none (a bool output)
   backward  the same rules transposed, in torch ops (differentiable, so double backward and
-            torch.func.grad of grad work)
+            torch.func.grad of grad work); softmax's, where no graph of the backward is wanted
+            and the gradient is a plain tensor, runs its fused kernels (opselect.softmax_backward)
   vmap      the batch dim becomes one more leading dim of the op's own input (a softmax dim, a
             topk dim and permute's dims shift by one); isin with a batched test set runs each
-            batch's test set in turn (the test set is not an elementwise argument)
+            batch's test set in turn (the test set is not an elementwise argument). One helper
+            per op makes the Function's rule and the library op's (register_vmap), given what
+            runs the batch: the Function again, or the library op
 
 ops.* take this path only while a transform is active (`watched()`: a functorch level, or a
 forward-AD dual level holding a dual input), or for a permute that records autograd; every

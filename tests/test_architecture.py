@@ -9,6 +9,7 @@ would keep stale timings trusted after an edit.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import re
@@ -189,6 +190,46 @@ def test_every_op_of_opselect_has_a_front():
         source = _modules()[f"opselect.{shared}"].read_text()
         assert "opselect.kernels" not in source and "from .kernels" not in source, \
             f"opselect/{shared}.py imports an op's kernels: that belongs in the op's front"
+
+
+def _autograd_functions(module, source: str) -> list[str]:
+    """The torch.autograd.Function subclasses a module's source defines: its module-level
+    classes judged by what they are, a class made inside a function (not an attribute of the
+    module) by its bases' names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        made = getattr(module, node.name, None)
+        if isinstance(made, type):
+            if issubclass(made, torch.autograd.Function):
+                found.append(node.name)
+        elif any(ast.unparse(b).split(".")[-1] == "Function" for b in node.bases):
+            found.append(node.name)
+    return found
+
+
+def test_each_front_has_one_autograd_function():
+    """One autograd.Function per op (issue 34): the same class is the library op's Autograd
+    kernel (compiled graphs) and what an eager call under a transform goes through, so its
+    backward, jvp and vmap rules are written once. softmax's serves log_softmax too."""
+    fronts = {name: path for name, path in _modules().items()
+              if name.startswith("opselect.fronts.") and not name.startswith("opselect.fronts._")}
+    assert {"opselect.fronts.isin", "opselect.fronts.topk", "opselect.fronts.permute",
+            "opselect.fronts.softmax"} <= set(fronts)
+    counts = {name: _autograd_functions(importlib.import_module(name), path.read_text())
+              for name, path in sorted(fronts.items())}
+    assert all(len(found) == 1 for found in counts.values()), \
+        f"fronts with other than one autograd.Function: {counts}"
+
+
+def test_the_function_count_sees_a_second_function():
+    # The check itself must be able to fail: two planted Functions, one made in a function.
+    source = ("import torch\nclass _A(torch.autograd.Function):\n    pass\n"
+              "def make():\n    class _B(torch.autograd.Function):\n        pass\n")
+    module = type(sys)("planted")
+    exec(compile(source, "planted", "exec"), module.__dict__)
+    assert _autograd_functions(module, source) == ["_A", "_B"]
 
 
 def test_every_exception_class_lives_in_errors():

@@ -263,6 +263,37 @@ def test_out_and_requires_grad_as_torch(device):
                             assert out.grad_fn is None, what
 
 
+#: (name, ours, torch's) for a dual tensor that also requires grad.
+DUAL_AND_GRAD = [("softmax", lambda v: ops.softmax(v, 1), lambda v: torch.softmax(v, 1)),
+                 ("log_softmax", lambda v: ops.log_softmax(v, 0, dtype=torch.float32),
+                  lambda v: torch.log_softmax(v, 0, dtype=torch.float32)),
+                 ("topk", lambda v: ops.topk(v, 2, 1).values, lambda v: torch.topk(v, 2, 1).values),
+                 ("permute", lambda v: ops.permute(v, (1, 0)), lambda v: v.permute(1, 0))]
+
+
+@pytest.mark.parametrize("case", DUAL_AND_GRAD, ids=[c[0] for c in DUAL_AND_GRAD])
+@pytest.mark.parametrize("device", DEVICES)
+def test_dual_tensor_that_requires_grad(case, device):
+    """A dual tensor that also requires grad goes through the op's autograd.Function (the eager
+    path of a watched call): the tangent is carried and the backward recorded, both as torch's.
+    softmax's backward runs its fused kernels there (no graph of the backward is wanted and the
+    gradient is a plain tensor)."""
+    _device(device)
+    _, ours, theirs = case
+    x = torch.randn(3, 5, dtype=torch.float64, device=device)
+    t, g = torch.randn_like(x), torch.randn(x.numel(), dtype=torch.float64, device=device)
+    results = []
+    for fn in (ours, theirs):
+        leaf = x.clone().requires_grad_()
+        with fwAD.dual_level():
+            primal, tangent = fwAD.unpack_dual(fn(fwAD.make_dual(leaf, t)))
+            upstream = g[:primal.numel()].view(primal.shape).to(primal.dtype)
+            (dx,) = torch.autograd.grad(primal, leaf, upstream)
+        results.append((primal.detach(), tangent, dx))
+    for have, want in zip(*results):
+        torch.testing.assert_close(have, want)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_permute_records_autograd_through_every_backend(device):
     """A permute that requires grad runs the chosen kernel (not only torch's) and its gradient

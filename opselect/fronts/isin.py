@@ -17,7 +17,7 @@ from ..dispatch.tuning_mode import state as _tuning_state
 from ..errors import TorchOnlyCall
 from ..kernels import isin as _isin
 from ..kernels.isin.call import plain_key as _isin_key
-from ..library import LIB, _first, _ops, _placed, _run, _unrouted
+from ..library import LIB, _ops, _placed, _run, _unrouted
 from ..transforms import _bdim_first
 from ._base import (PASS, _UNSEEN, _VF, _arg, _counted, _functorch_active, _known, _prepared,
                     _route, _takes, _torch_answers, _tracing)
@@ -72,6 +72,64 @@ _isin.OP.public = isin  # what tuning's stage 2 times (Op._pinned_public)
 
 
 # ---------------------------------------------------------------------------------------------
+# vmap (and forward-mode AD, torch.func): one autograd.Function for an eager call that a
+# transform watches, with the vmap rule the library op shares (isin has no gradient: the library
+# op needs no Autograd kernel, and the Function's backward and jvp give none)
+# ---------------------------------------------------------------------------------------------
+class _Isin(torch.autograd.Function):
+    @staticmethod
+    def forward(elements, test_elements, assume_unique: bool, invert: bool, backend):
+        call = _isin.prepare(elements, test_elements, assume_unique=assume_unique,
+                             invert=invert)
+        return _isin.OP.run(call, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output)
+
+    @staticmethod
+    def jvp(ctx, *_):
+        return None
+
+    @staticmethod
+    def backward(ctx, _g):
+        return None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, elements, test, assume_unique, invert, backend):
+        return _isin_batched(lambda e, t: _Isin.apply(e, t, assume_unique, invert, backend),
+                             in_dims[0], in_dims[1], elements, test)
+
+
+def _isin_batched(run, e_dim: Optional[int], t_dim: Optional[int], elements, test):
+    """isin's vmap rule, the Function's and the library op's; run(elements, test) is
+    _Isin.apply (the Function's rule: a transform below this one still sees the Function) or
+    the library op. A batched elements tensor is one call; a batched test set (not an
+    elementwise argument) runs each batch's elements against its own test set."""
+    if t_dim is None:
+        if e_dim is None:
+            return run(elements, test), None
+        return run(_bdim_first(elements, e_dim), test), 0
+    test = _bdim_first(test, t_dim)
+    batch = test.shape[0]
+    if isinstance(elements, torch.Tensor):
+        elements = (elements.expand(batch, *elements.shape) if e_dim is None
+                    else _bdim_first(elements, e_dim))
+        rows = [run(elements[b], test[b]) for b in range(batch)]
+        shape, device = elements.shape, elements.device
+    else:  # a Python number (the eager function takes one)
+        rows = [run(elements, test[b]) for b in range(batch)]
+        shape, device = (0,), test.device
+    if not rows:
+        return torch.empty(shape, dtype=torch.bool, device=device), 0
+    return torch.stack(rows), 0
+
+
+def _transformed(elements, test_elements, assume_unique: bool, invert: bool, backend):
+    return _Isin.apply(elements, test_elements, assume_unique, invert, backend)
+
+
+# ---------------------------------------------------------------------------------------------
 # Compiled calls: the torch.library ops, their fake, autograd and vmap rules, and the
 # trace-time choice between opselect's op and the aten op (opselect/library.py has the rule)
 # ---------------------------------------------------------------------------------------------
@@ -97,19 +155,8 @@ def _isin_fake(elements, test_elements, assume_unique=False, invert=False, backe
 
 def _isin_vmap(info, in_dims, elements, test_elements, assume_unique=False, invert=False,
                backend=None):
-    e_dim, t_dim = in_dims[0], in_dims[1]
-    if t_dim is None:
-        out = _ops.isin(_first(elements, e_dim), test_elements, assume_unique, invert, backend)
-        return out, (None if e_dim is None else 0)
-    # A test set per batch: each batch's elements against its own test set.
-    test = _first(test_elements, t_dim)
-    batch = test.shape[0]
-    e = (elements.expand(batch, *elements.shape) if e_dim is None
-         else _first(elements, e_dim))
-    rows = [_ops.isin(e[b], test[b], assume_unique, invert, backend) for b in range(batch)]
-    if not rows:
-        return torch.empty(e.shape, dtype=torch.bool, device=e.device), 0
-    return torch.stack(rows), 0
+    return _isin_batched(lambda e, t: _ops.isin(e, t, assume_unique, invert, backend),
+                         in_dims[0], in_dims[1], elements, test_elements)
 
 
 def _isin_inductor_keeps(call, choice: str) -> bool:
@@ -183,58 +230,6 @@ def _compiled(elements, test_elements, assume_unique, invert, out, backend):
 LIB.impl("isin", _unrouted(_isin_kernel), "CompositeExplicitAutograd")
 torch.library.register_vmap("opselect::isin", _isin_vmap, lib=LIB)
 LIB.impl("isin_or_aten", _unrouted(_isin_or_aten), "CompositeImplicitAutograd")
-
-
-# ---------------------------------------------------------------------------------------------
-# Function transforms (forward-mode AD, torch.func): one autograd.Function on plain tensors
-# ---------------------------------------------------------------------------------------------
-class _Isin(torch.autograd.Function):
-    @staticmethod
-    def forward(elements, test_elements, assume_unique: bool, invert: bool, backend):
-        call = _isin.prepare(elements, test_elements, assume_unique=assume_unique,
-                             invert=invert)
-        return _isin.OP.run(call, backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.mark_non_differentiable(output)
-
-    @staticmethod
-    def jvp(ctx, *_):
-        return None
-
-    @staticmethod
-    def backward(ctx, _g):
-        return None, None, None, None, None
-
-    @staticmethod
-    def vmap(info, in_dims, elements, test, assume_unique, invert, backend):
-        e_dim, t_dim = in_dims[0], in_dims[1]
-        if t_dim is None:
-            if e_dim is None:
-                return _Isin.apply(elements, test, assume_unique, invert, backend), None
-            elements = _bdim_first(elements, e_dim)
-            return _Isin.apply(elements, test, assume_unique, invert, backend), 0
-        # A test set per batch: each batch's elements against its own test set.
-        test = _bdim_first(test, t_dim)
-        if isinstance(elements, torch.Tensor):
-            if e_dim is None:
-                elements = elements.expand(test.shape[0], *elements.shape)
-            else:
-                elements = _bdim_first(elements, e_dim)
-            rows = [_Isin.apply(elements[b], test[b], assume_unique, invert, backend)
-                    for b in range(test.shape[0])]
-        else:
-            rows = [_Isin.apply(elements, test[b], assume_unique, invert, backend)
-                    for b in range(test.shape[0])]
-        if not rows:
-            shape = (0, *(elements.shape[1:] if isinstance(elements, torch.Tensor) else ()))
-            return torch.empty(shape, dtype=torch.bool, device=test.device), 0
-        return torch.stack(rows), 0
-
-
-def _transformed(elements, test_elements, assume_unique: bool, invert: bool, backend):
-    return _Isin.apply(elements, test_elements, assume_unique, invert, backend)
 
 
 # ---------------------------------------------------------------------------------------------

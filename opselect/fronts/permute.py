@@ -1,6 +1,7 @@
 """permute's front: the public functions ops.permute and ops.transpose, their torch.library ops for
-compiled code, their function-transform rules and enable()'s handlers of the copies of permuted
-views (contiguous(), reshape()). The kernels and backends are in opselect/kernels/permute/."""
+compiled code, their one autograd.Function (for eager calls under autograd or function transforms
+and as the library op's Autograd kernel) and enable()'s handlers of the copies of permuted views
+(contiguous(), reshape()). The kernels and backends are in opselect/kernels/permute/."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from .. import transforms as _transforms
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..kernels import permute as _permute
 from ..kernels.permute.call import plain_key as _permute_key
-from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _first, _ops, _placed,
-                       _run, _symbolic, _unrouted, _wrap)
+from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
+                       _symbolic, _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _PLAIN, _TENSOR, _UNSEEN, _arg, _counted, _functorch_active, _prepared,
                     _route, _takes, _tracing)
@@ -79,6 +80,74 @@ _permute.OP.public = permute  # what tuning's stage 2 times (Op._pinned_public)
 
 
 # ---------------------------------------------------------------------------------------------
+# Autograd, forward-mode AD and vmap: one autograd.Function, which is both the library op's
+# Autograd kernel (compiled graphs, torch.ops.opselect.permute) and what an eager call that
+# records autograd or that a transform watches goes through (forward-mode AD, torch.func)
+# ---------------------------------------------------------------------------------------------
+def inverse(dims) -> list[int]:
+    inverse = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inverse[d] = i
+    return inverse
+
+
+class _Permute(torch.autograd.Function):
+    """permute's rules for every path; `library` picks what forward runs (library._apply)."""
+
+    op_name = "permute"  # (library._apply's error names the eager op)
+
+    @staticmethod
+    def forward(x, dims, backend, library: bool):
+        if library:
+            with _BelowAutograd():
+                return _ops.permute(x, dims, backend)
+        return _permute.OP.run(_permute.prepare(x, list(dims)), backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dims = list(inputs[1])
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        return t.permute(ctx.dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.permute(inverse(ctx.dims)), None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, dims, backend, library):
+        # (dims were checked by permute's own rules before the Function: _transformed)
+        return _permute_batched(lambda v, d: _Permute.apply(v, d, backend, library), in_dims[0],
+                                x, dims)
+
+
+def _permute_batched(run, bdim: Optional[int], x, dims):
+    """permute's vmap rule, the Function's and the library op's: the batch dim becomes one more
+    leading dim of the call, kept first (the dims shift by one); run(x, dims) is _Permute.apply
+    (the Function's rule: a transform below this one still sees the Function) or the library
+    op."""
+    if bdim is None:
+        return run(x, dims), None
+    x = _bdim_first(x, bdim)
+    wrapped = [_wrap(d, x.dim() - 1, "permute") for d in dims]
+    return batched(lambda: run(x, [0, *(d + 1 for d in wrapped)]),
+                   lambda b: run(x[b].contiguous(), wrapped), x.shape[0]), 0
+
+
+def _transformed(x, dims, out, backend):
+    """A permute that a transform watches or that records autograd (out None). dims are
+    checked (and wrapped) by permute's own rules first."""
+    if not isinstance(x, torch.Tensor):
+        _permute.prepare(x, dims)  # the argument error
+    dims = _permute.wrap_dims(dims, x.dim())
+    if out is not None:
+        # Under a transform, out= is torch's to answer (vmap refuses it, as for torch's op).
+        return torch.permute_copy(x, dims, out=out)
+    return _Permute.apply(x, dims, backend, False)
+
+
+# ---------------------------------------------------------------------------------------------
 # Compiled calls: the torch.library ops, their fake, autograd and vmap rules, and the
 # trace-time choice between opselect's op and the aten op (opselect/library.py has the rule)
 # ---------------------------------------------------------------------------------------------
@@ -95,41 +164,15 @@ def _permute_fake(input, dims, backend=None):
     return input.new_empty([input.shape[d] for d in dims])
 
 
-class _PermuteAutograd(torch.autograd.Function):
-    op_name = "permute"
-    @staticmethod
-    def forward(x, dims, backend):
-        with _BelowAutograd():
-            return _ops.permute(x, dims, backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.dims = list(inputs[1])
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.permute(inverse(ctx.dims)), None, None
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        return t.permute(ctx.dims)
-
-
 def _permute_autograd(input, dims, backend=None):
     if _differentiated(input):
-        return _apply(_PermuteAutograd, input, dims, backend)
+        return _apply(_Permute, input, dims, backend, True)
     with _BelowAutograd():
         return _ops.permute(input, dims, backend)
 
 
 def _permute_vmap(info, in_dims, input, dims, backend=None):
-    if in_dims[0] is None:
-        return _ops.permute(input, dims, backend), None
-    x = _first(input, in_dims[0])
-    rank = x.dim() - 1
-    wrapped = [_wrap(d, rank, "permute") for d in dims]
-    return _transforms.batched(lambda: _ops.permute(x, [0, *(d + 1 for d in wrapped)], backend),
-                               lambda b: _ops.permute(x[b].contiguous(), wrapped, backend), x.shape[0]), 0
+    return _permute_batched(lambda v, d: _ops.permute(v, d, backend), in_dims[0], input, dims)
 
 
 def _permute_or_aten(input, dims, backend=None):
@@ -154,54 +197,6 @@ LIB.impl("permute", _unrouted(_permute_kernel), "CompositeExplicitAutograd")
 LIB.impl("permute", _permute_autograd, "Autograd")
 torch.library.register_vmap("opselect::permute", _permute_vmap, lib=LIB)
 LIB.impl("permute_or_aten", _unrouted(_permute_or_aten), "CompositeImplicitAutograd")
-
-
-# ---------------------------------------------------------------------------------------------
-# Function transforms (forward-mode AD, torch.func): one autograd.Function on plain tensors
-# ---------------------------------------------------------------------------------------------
-def inverse(dims) -> list[int]:
-    inverse = [0] * len(dims)
-    for i, d in enumerate(dims):
-        inverse[d] = i
-    return inverse
-
-
-class _Permute(torch.autograd.Function):
-    @staticmethod
-    def forward(x, dims: tuple, backend):
-        return _permute.OP.run(_permute.prepare(x, list(dims)), backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.dims = inputs[1]
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        return t.permute(ctx.dims)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.permute(inverse(ctx.dims)), None, None
-
-    @staticmethod
-    def vmap(info, in_dims, x, dims, backend):
-        if in_dims[0] is None:
-            return _Permute.apply(x, dims, backend), None
-        x = _bdim_first(x, in_dims[0])
-        return batched(lambda: _Permute.apply(x, (0, *(d + 1 for d in dims)), backend),
-                       lambda b: _Permute.apply(x[b].contiguous(), dims, backend), x.shape[0]), 0
-
-
-def _transformed(x, dims, out, backend):
-    """A permute that a transform watches or that records autograd (out None). dims are
-    checked (and wrapped) by permute's own rules first."""
-    if not isinstance(x, torch.Tensor):
-        _permute.prepare(x, dims)  # the argument error
-    dims = _permute.wrap_dims(dims, x.dim())
-    if out is not None:
-        # Under a transform, out= is torch's to answer (vmap refuses it, as for torch's op).
-        return torch.permute_copy(x, dims, out=out)
-    return _Permute.apply(x, dims, backend)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """softmax's and log_softmax's front: the public functions ops.softmax and ops.log_softmax, their
-torch.library ops for compiled code (with the fused backward, opselect.softmax_backward), their
-function-transform rules and enable()'s handlers. The kernels and backends are in
-opselect/kernels/softmax/."""
+torch.library ops for compiled code (with the fused backward, opselect.softmax_backward), their one
+autograd.Function (for eager calls under function transforms and as the library ops' Autograd
+kernel) and enable()'s handlers. The kernels and backends are in opselect/kernels/softmax/."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..errors import TorchOnlyCall
 from ..kernels import softmax as _softmax
 from ..kernels.softmax.call import plain_key as _softmax_key
 from ..kernels.softmax.call import prepare_keyed as _prepare_softmax
-from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _first, _ops, _placed, _run,
+from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _FLOATS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active,
@@ -64,6 +64,115 @@ def _public(log: bool):
 
     public.__name__ = public.__qualname__ = name
     return public
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd, forward-mode AD and vmap: one autograd.Function for softmax and log_softmax, which
+# is both the library ops' Autograd kernel (compiled graphs, torch.ops.opselect.softmax) and
+# what an eager call that a transform watches goes through (forward-mode AD, torch.func)
+# ---------------------------------------------------------------------------------------------
+def softmax_tangent(y: torch.Tensor, t: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """d softmax(x)[t] (log=False) or d log_softmax(x)[t] from the output y, along dim (0-d:
+    the only element is its own row, whose softmax is constant)."""
+    if y.dim() == 0:
+        return torch.zeros_like(y)
+    if log:
+        return t - (torch.exp(y) * t).sum(dim, keepdim=True)
+    return y * (t - (y * t).sum(dim, keepdim=True))
+
+
+def softmax_vjp(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """The gradient of the input from the output y and its gradient g (the transposed tangent;
+    softmax's Jacobian is symmetric, log_softmax's is not)."""
+    if y.dim() == 0:
+        return torch.zeros_like(g)
+    if log:
+        return g - torch.exp(y) * g.sum(dim, keepdim=True)
+    return y * (g - (g * y).sum(dim, keepdim=True))
+
+
+class _Softmax(torch.autograd.Function):
+    """softmax's (log False) and log_softmax's rules for every path; `library` picks what
+    forward runs (library._apply)."""
+
+    op_name = "softmax"  # (library._apply's error names the eager op)
+
+    @staticmethod
+    def forward(x, dim: int, log: bool, dtype, backend, library: bool):
+        if library:
+            with _BelowAutograd():
+                return (_ops.log_softmax if log else _ops.softmax)(x, dim, dtype, backend)
+        op = _softmax.LOG_SOFTMAX_OP if log else _softmax.SOFTMAX_OP
+        prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
+        return op.run(prepare(x, dim, dtype=dtype), backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dim, log, dtype = inputs[:4]
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.dim, ctx.log = dim % max(x.dim(), 1), log
+        ctx.in_dtype = x.dtype
+        out_dtype = dtype if dtype is not None else x.dtype
+        # A widening cast is part of the kernels' load: dx comes out in the input's dtype. A
+        # narrowing one rounds the input first (as torch does): dx is the cast input's, then
+        # cast back.
+        ctx.grad_dtype = x.dtype if (x.dtype, out_dtype) in _softmax._WIDENING else out_dtype
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        (y,) = ctx.saved_tensors
+        return softmax_tangent(y, t.to(y.dtype), ctx.dim, ctx.log)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        if torch.is_grad_enabled() or _softmax.kernels_cannot_read(g):
+            # A graph of the backward is wanted (double backward, torch.func.grad), or g is
+            # batched or wrapped by a transform (vmap over the backward): differentiable torch
+            # ops.
+            dx = softmax_vjp(y, g.to(y.dtype), ctx.dim, ctx.log).to(ctx.grad_dtype)
+        else:
+            dx = _ops.softmax_backward(y, g, ctx.dim, ctx.log, ctx.grad_dtype)
+        if dx.dtype != ctx.in_dtype:
+            dx = dx.to(ctx.in_dtype)
+        return dx, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, dim, log, dtype, backend, library):
+        if in_dims[0] is not None and x.dim() > 1:
+            _softmax_dim_check(dim, x.dim() - 1, log)
+        return _softmax_batched(lambda v, d: _Softmax.apply(v, d, log, dtype, backend, library),
+                                in_dims[0], x, dim, log)
+
+
+def _softmax_batched(run, bdim: Optional[int], x, dim: int, log: bool):
+    """softmax's vmap rule, the Function's and the library ops': the batch dim becomes one more
+    leading dim of the call (the softmax dim shifts by one); run(x, dim) is _Softmax.apply (the
+    Function's rule: a transform below this one still sees the Function) or the library op."""
+    if bdim is None:
+        return run(x, dim), None
+    x = _bdim_first(x, bdim)
+    rank = x.dim() - 1
+    if rank == 0:  # each element its own row
+        return run(x.unsqueeze(1), 1).squeeze(1), 0
+    d = _wrap(dim, rank, "log_softmax" if log else "softmax")
+    return batched(lambda: run(x, d + 1), lambda b: run(x[b].contiguous(), d), x.shape[0]), 0
+
+
+def _softmax_dim_check(dim: int, rank: int, log: bool) -> None:
+    # The logical call's dim rule, as the plain path gives its error (the batch's call would
+    # name its shifted dim).
+    prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
+    prepare(torch.empty((1,) * rank, device="meta"), dim)
+
+
+def _transformed(x, dim, log: bool, dtype, backend):
+    if not isinstance(x, torch.Tensor):
+        # The argument errors as the plain path gives them.
+        prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
+        prepare(x, dim, dtype=dtype)
+    return _Softmax.apply(x, dim, log, dtype, backend, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,51 +222,12 @@ def _softmax_backward_fake(output, grad, dim, log, grad_dtype):
     return output.new_empty(output.shape, dtype=grad_dtype)
 
 
-class _SoftmaxAutograd(torch.autograd.Function):
-    op_name = "softmax"
-    @staticmethod
-    def forward(x, dim, dtype, backend, log):
-        with _BelowAutograd():
-            return (_ops.log_softmax if log else _ops.softmax)(x, dim, dtype, backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, dim, dtype, _, log = inputs
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-        ctx.dim, ctx.log = dim % max(x.dim(), 1), log
-        ctx.in_dtype = x.dtype
-        out_dtype = dtype if dtype is not None else x.dtype
-        # A widening cast is part of the kernels' load: dx comes out in the input's dtype. A
-        # narrowing one rounds the input first (as torch does): dx is the cast input's, then
-        # cast back.
-        ctx.grad_dtype = x.dtype if (x.dtype, out_dtype) in _softmax._WIDENING else out_dtype
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled() or _softmax.kernels_cannot_read(g):
-            # A graph of the backward is wanted (double backward), or g is batched (vmap over
-            # the backward): differentiable torch ops.
-            dx = softmax_vjp(y, g.to(y.dtype), ctx.dim, ctx.log).to(ctx.grad_dtype)
-        else:
-            dx = _ops.softmax_backward(y, g, ctx.dim, ctx.log, ctx.grad_dtype)
-        if dx.dtype != ctx.in_dtype:
-            dx = dx.to(ctx.in_dtype)
-        return dx, None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        (y,) = ctx.saved_tensors
-        return softmax_tangent(y, t.to(y.dtype), ctx.dim, ctx.log)
-
-
 def _softmax_autograd(log: bool):
     kernel = _ops.log_softmax if log else _ops.softmax
 
     def autograd(input, dim, dtype=None, backend=None):
         if _differentiated(input):
-            return _apply(_SoftmaxAutograd, input, dim, dtype, backend, log)
+            return _apply(_Softmax, input, dim, log, dtype, backend, True)
         with _BelowAutograd():
             return kernel(input, dim, dtype, backend)
 
@@ -168,24 +238,18 @@ def _softmax_vmap(log: bool):
     kernel = _ops.log_softmax if log else _ops.softmax
 
     def vmap(info, in_dims, input, dim, dtype=None, backend=None):
-        if in_dims[0] is None:
-            return kernel(input, dim, dtype, backend), None
-        x = _first(input, in_dims[0])
-        rank = x.dim() - 1
-        if rank == 0:  # each element its own row
-            return kernel(x.unsqueeze(1), 1, dtype, backend).squeeze(1), 0
-        d = _wrap(dim, rank, "log_softmax" if log else "softmax")
-        return _transforms.batched(lambda: kernel(x, d + 1, dtype, backend),
-                                   lambda b: kernel(x[b].contiguous(), d, dtype, backend), x.shape[0]), 0
+        return _softmax_batched(lambda v, d: kernel(v, d, dtype, backend), in_dims[0], input,
+                                dim, log)
 
     return vmap
 
 
 def _softmax_backward_vmap(info, in_dims, output, grad, dim, log, grad_dtype):
     y_dim, g_dim = in_dims[0], in_dims[1]
-    y = _first(output, y_dim) if y_dim is not None else output.expand(info.batch_size,
-                                                                      *output.shape)
-    g = _first(grad, g_dim) if g_dim is not None else grad.expand(info.batch_size, *grad.shape)
+    y = _bdim_first(output, y_dim) if y_dim is not None else output.expand(info.batch_size,
+                                                                           *output.shape)
+    g = _bdim_first(grad, g_dim) if g_dim is not None else grad.expand(info.batch_size,
+                                                                       *grad.shape)
     if y.dim() == 1:  # 0-d rows: the gradient is 0
         return torch.zeros(y.shape, dtype=grad_dtype, device=y.device), 0
     return _ops.softmax_backward(y.contiguous(), g, dim + 1, log, grad_dtype), 0
@@ -237,85 +301,6 @@ log_softmax = _public(True)
 log_softmax.__doc__ = "torch.log_softmax, with the same backends and rules as softmax()."
 # what tuning's stage 2 times (Op._pinned_public)
 _softmax.SOFTMAX_OP.public, _softmax.LOG_SOFTMAX_OP.public = softmax, log_softmax
-
-
-# ---------------------------------------------------------------------------------------------
-# Function transforms (forward-mode AD, torch.func): one autograd.Function on plain tensors
-# ---------------------------------------------------------------------------------------------
-def softmax_tangent(y: torch.Tensor, t: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    """d softmax(x)[t] (log=False) or d log_softmax(x)[t] from the output y, along dim (0-d:
-    the only element is its own row, whose softmax is constant)."""
-    if y.dim() == 0:
-        return torch.zeros_like(y)
-    if log:
-        return t - (torch.exp(y) * t).sum(dim, keepdim=True)
-    return y * (t - (y * t).sum(dim, keepdim=True))
-
-
-def softmax_vjp(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    """The gradient of the input from the output y and its gradient g (the transposed tangent;
-    softmax's Jacobian is symmetric, log_softmax's is not)."""
-    if y.dim() == 0:
-        return torch.zeros_like(g)
-    if log:
-        return g - torch.exp(y) * g.sum(dim, keepdim=True)
-    return y * (g - (g * y).sum(dim, keepdim=True))
-
-
-class _Softmax(torch.autograd.Function):
-    @staticmethod
-    def forward(x, dim: int, log: bool, dtype, backend):
-        op = _softmax.LOG_SOFTMAX_OP if log else _softmax.SOFTMAX_OP
-        prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
-        return op.run(prepare(x, dim, dtype=dtype), backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, dim, log, _, _ = inputs
-        ctx.dim = dim % max(x.dim(), 1)
-        ctx.log = log
-        ctx.in_dtype = x.dtype
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        (y,) = ctx.saved_tensors
-        return softmax_tangent(y, t.to(y.dtype), ctx.dim, ctx.log)
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        dx = softmax_vjp(y, g.to(y.dtype), ctx.dim, ctx.log)
-        return dx.to(ctx.in_dtype), None, None, None, None
-
-    @staticmethod
-    def vmap(info, in_dims, x, dim, log, dtype, backend):
-        x = _bdim_first(x, in_dims[0])
-        if in_dims[0] is None:
-            return _Softmax.apply(x, dim, log, dtype, backend), None
-        rank = x.dim() - 1
-        if rank == 0:  # each element its own row
-            y = _Softmax.apply(x.unsqueeze(1), 1, log, dtype, backend).squeeze(1)
-        else:
-            _softmax_dim_check(dim, rank, log)
-            y = batched(lambda: _Softmax.apply(x, dim % rank + 1, log, dtype, backend),
-                        lambda b: _Softmax.apply(x[b].contiguous(), dim, log, dtype, backend), x.shape[0])
-        return y, 0
-
-
-def _softmax_dim_check(dim: int, rank: int, log: bool) -> None:
-    # The logical call's dim rule (prepare would check the shifted dim on the physical tensor).
-    prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
-    prepare(torch.empty((1,) * rank, device="meta"), dim)
-
-
-def _transformed(x, dim, log: bool, dtype, backend):
-    if not isinstance(x, torch.Tensor):
-        # The argument errors as the plain path gives them.
-        prepare = _softmax.prepare_log_softmax if log else _softmax.prepare_softmax
-        prepare(x, dim, dtype=dtype)
-    return _Softmax.apply(x, dim, log, dtype, backend)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""topk's front: the public function ops.topk, its torch.library ops for compiled code, its
-function-transform rules and its enable() handler. The kernels and backends are in
-opselect/kernels/topk/."""
+"""topk's front: the public function ops.topk, its one autograd.Function (for eager calls under
+function transforms and as its library op's Autograd kernel), its torch.library ops for compiled
+code and its enable() handler. The kernels and backends are in opselect/kernels/topk/."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..errors import TorchOnlyCall
 from ..kernels import topk as _topk
 from ..kernels.topk.call import plain_key as _topk_key
 from ..kernels.topk.call import prepare_keyed as _prepare_topk
-from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _first, _ops, _placed, _run,
+from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active, _known,
@@ -63,6 +63,97 @@ _topk.OP.public = topk  # what tuning's stage 2 times (Op._pinned_public)
 
 
 # ---------------------------------------------------------------------------------------------
+# Autograd, forward-mode AD and vmap: one autograd.Function, which is both the library op's
+# Autograd kernel (compiled graphs, torch.ops.opselect.topk) and what an eager call that a
+# transform watches goes through (forward-mode AD, torch.func)
+# ---------------------------------------------------------------------------------------------
+def topk_tangent(t: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
+    """The values' tangent: the input's tangent at the selected indices."""
+    if t.dim() == 0:
+        return t.reshape(indices.shape).clone()
+    return t.gather(dim, indices)
+
+
+def topk_vjp(g: torch.Tensor, indices: torch.Tensor, shape, dim: int) -> torch.Tensor:
+    """The input's gradient: each selected position gets its value's gradient (one row's
+    indices are distinct), every other position 0."""
+    if not shape:
+        return g.reshape(()).clone()
+    return g.new_zeros(shape).scatter(dim, indices, g)
+
+
+class _Topk(torch.autograd.Function):
+    """topk's rules for every path; `library` picks what forward runs (library._apply)."""
+
+    op_name = "topk"  # (library._apply's error names the eager op)
+
+    @staticmethod
+    def forward(x, k: int, dim: int, largest: bool, sorted_: bool, backend, library: bool):
+        if library:
+            with _BelowAutograd():
+                return _ops.topk(x, k, dim, largest, sorted_, backend)
+        values, indices = _topk.OP.run(_topk.prepare(x, k, dim, largest, sorted_), backend)
+        return values, indices
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dim = inputs[0], inputs[2]
+        ctx.shape, ctx.dim = x.shape, dim % max(x.dim(), 1)
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+        ctx.save_for_forward(output[1])
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        (indices,) = ctx.saved_tensors
+        return topk_tangent(t, indices, ctx.dim), None
+
+    @staticmethod
+    def backward(ctx, g_values, _g_indices):
+        (indices,) = ctx.saved_tensors
+        dx = topk_vjp(g_values, indices, ctx.shape, ctx.dim)
+        return dx, None, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, k, dim, largest, sorted_, backend, library):
+        if in_dims[0] is not None:
+            # The logical call's argument errors, as the plain path gives them (the batch's
+            # call would name its shifted dim).
+            shape = list(x.shape)
+            del shape[in_dims[0]]
+            _topk.prepare(torch.empty(shape, device="meta"), k, dim, largest, sorted_)
+        return _topk_batched(lambda v, d: _Topk.apply(v, k, d, largest, sorted_, backend, library),
+                             in_dims[0], x, dim)
+
+
+def _topk_batched(run, bdim: Optional[int], x, dim: int):
+    """topk's vmap rule, the Function's and the library op's: the batch dim becomes one more
+    leading dim of the call (topk's dim shifts by one); run(x, dim) is _Topk.apply (the
+    Function's rule: a transform below this one still sees the Function) or the library op."""
+    if bdim is None:
+        return run(x, dim), (None, None)
+    x = _bdim_first(x, bdim)
+    rank = x.dim() - 1
+    d = _wrap(dim, rank, "topk")
+    if rank == 0:
+        # A 0-d input per batch: each answered as torch answers a 0-d topk (every backend takes
+        # that; not every one takes rows of one element).
+        rows = [run(x[b], dim) for b in range(x.shape[0])]
+        if not rows:
+            return (x.clone(), torch.zeros(x.shape, dtype=torch.int64, device=x.device)), (0, 0)
+        return (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])), (0, 0)
+    return batched(lambda: run(x, d + 1), lambda b: run(x[b].contiguous(), d), x.shape[0]), (0, 0)
+
+
+def _transformed(x, k, dim, largest, sorted_, backend):
+    if not isinstance(x, torch.Tensor) or type(k) is not int:
+        _topk.prepare(x, k, dim, largest, sorted_)  # the argument errors
+        k = int(k)
+    values, indices = _Topk.apply(x, k, dim, largest, sorted_, backend, False)
+    return torch.return_types.topk((values, indices))
+
+
+# ---------------------------------------------------------------------------------------------
 # Compiled calls: the torch.library ops, their fake, autograd and vmap rules, and the
 # trace-time choice between opselect's op and the aten op (opselect/library.py has the rule)
 # ---------------------------------------------------------------------------------------------
@@ -92,54 +183,16 @@ def _topk_fake(input, k, dim=-1, largest=True, sorted=True, backend=None):
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int64)
 
 
-class _TopkAutograd(torch.autograd.Function):
-    op_name = "topk"
-    @staticmethod
-    def forward(x, k, dim, largest, sorted_, backend):
-        with _BelowAutograd():
-            return _ops.topk(x, k, dim, largest, sorted_, backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, dim = inputs[0], inputs[2]
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1])
-        ctx.save_for_forward(output[1])
-        ctx.shape, ctx.dim = x.shape, dim % max(x.dim(), 1)
-
-    @staticmethod
-    def backward(ctx, g_values, _g_indices):
-        (indices,) = ctx.saved_tensors
-        dx = topk_vjp(g_values, indices, ctx.shape, ctx.dim)
-        return dx, None, None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        (indices,) = ctx.saved_tensors
-        return topk_tangent(t, indices, ctx.dim), None
-
-
 def _topk_autograd(input, k, dim=-1, largest=True, sorted=True, backend=None):
     if _differentiated(input):
-        return _apply(_TopkAutograd, input, k, dim, largest, sorted, backend)
+        return _apply(_Topk, input, k, dim, largest, sorted, backend, True)
     with _BelowAutograd():
         return _ops.topk(input, k, dim, largest, sorted, backend)
 
 
 def _topk_vmap(info, in_dims, input, k, dim=-1, largest=True, sorted=True, backend=None):
-    if in_dims[0] is None:
-        return _ops.topk(input, k, dim, largest, sorted, backend), (None, None)
-    x = _first(input, in_dims[0])
-    if x.dim() == 1:  # a 0-d input per batch: each answered as torch answers a 0-d topk
-        _wrap(dim, 0, "topk")
-        rows = [_ops.topk(x[b], k, dim, largest, sorted, backend) for b in range(x.shape[0])]
-        if not rows:
-            return (x.clone(), torch.zeros(x.shape, dtype=torch.int64, device=x.device)), (0, 0)
-        return (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])), (0, 0)
-    d = _wrap(dim, x.dim() - 1, "topk")
-    return _transforms.batched(lambda: _ops.topk(x, k, d + 1, largest, sorted, backend),
-                               lambda b: _ops.topk(x[b].contiguous(), k, d, largest, sorted, backend),
-                               x.shape[0]), (0, 0)
+    return _topk_batched(lambda v, d: _ops.topk(v, k, d, largest, sorted, backend), in_dims[0],
+                         input, dim)
 
 
 def _topk_or_aten(input, k, dim=-1, largest=True, sorted=True, backend=None):
@@ -160,78 +213,6 @@ LIB.impl("topk", _unrouted(_topk_kernel), "CompositeExplicitAutograd")
 LIB.impl("topk", _topk_autograd, "Autograd")
 torch.library.register_vmap("opselect::topk", _topk_vmap, lib=LIB)
 LIB.impl("topk_or_aten", _unrouted(_topk_or_aten), "CompositeImplicitAutograd")
-
-
-# ---------------------------------------------------------------------------------------------
-# Function transforms (forward-mode AD, torch.func): one autograd.Function on plain tensors
-# ---------------------------------------------------------------------------------------------
-def topk_tangent(t: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
-    """The values' tangent: the input's tangent at the selected indices."""
-    if t.dim() == 0:
-        return t.reshape(indices.shape).clone()
-    return t.gather(dim, indices)
-
-
-def topk_vjp(g: torch.Tensor, indices: torch.Tensor, shape, dim: int) -> torch.Tensor:
-    """The input's gradient: each selected position gets its value's gradient (one row's
-    indices are distinct), every other position 0."""
-    if not shape:
-        return g.reshape(()).clone()
-    return g.new_zeros(shape).scatter(dim, indices, g)
-
-
-class _Topk(torch.autograd.Function):
-    @staticmethod
-    def forward(x, k: int, dim: int, largest: bool, sorted_: bool, backend):
-        values, indices = _topk.OP.run(_topk.prepare(x, k, dim, largest, sorted_), backend)
-        return values, indices
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, _, dim = inputs[0], inputs[1], inputs[2]
-        ctx.shape, ctx.dim = x.shape, dim % max(x.dim(), 1)
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1])
-        ctx.save_for_forward(output[1])
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        (indices,) = ctx.saved_tensors
-        return topk_tangent(t, indices, ctx.dim), None
-
-    @staticmethod
-    def backward(ctx, g_values, _g_indices):
-        (indices,) = ctx.saved_tensors
-        return topk_vjp(g_values, indices, ctx.shape, ctx.dim), None, None, None, None, None
-
-    @staticmethod
-    def vmap(info, in_dims, x, k, dim, largest, sorted_, backend):
-        if in_dims[0] is None:
-            return _Topk.apply(x, k, dim, largest, sorted_, backend), (None, None)
-        x = _bdim_first(x, in_dims[0])
-        rank = x.dim() - 1
-        if rank == 0:
-            # A 0-d input per batch: each answered as torch answers a 0-d topk (every backend
-            # takes that; not every one takes rows of one element).
-            rows = [_Topk.apply(x[b], k, dim, largest, sorted_, backend)
-                    for b in range(x.shape[0])]
-            if not rows:
-                _topk.prepare(torch.empty((), device="meta"), k, dim, largest, sorted_)
-                return (x.clone(), torch.zeros(x.shape, dtype=torch.int64, device=x.device)), \
-                    (0, 0)
-            return (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])), (0, 0)
-        _topk.prepare(torch.empty(x.shape[1:], device="meta"), k, dim, largest, sorted_)
-        return batched(lambda: _Topk.apply(x, k, dim % rank + 1, largest, sorted_, backend),
-                       lambda b: _Topk.apply(x[b].contiguous(), k, dim, largest, sorted_, backend),
-                       x.shape[0]), (0, 0)
-
-
-def _transformed(x, k, dim, largest, sorted_, backend):
-    if not isinstance(x, torch.Tensor) or type(k) is not int:
-        _topk.prepare(x, k, dim, largest, sorted_)  # the argument errors
-        k = int(k)
-    values, indices = _Topk.apply(x, k, dim, largest, sorted_, backend)
-    return torch.return_types.topk((values, indices))
 
 
 # ---------------------------------------------------------------------------------------------
