@@ -141,7 +141,9 @@ def test_torch_spatial_softmax_walks_small_tensors_faster():
 
     small = plan((243, 60, 9), 1, torch.bfloat16)
     assert small["torch"].predicted_s < 30e-6, small["torch"].predicted_s  # (was 54 us)
-    assert small["torch"].predicted_s < small["strided"].predicted_s
+    # strided's call is host-bound there: its repeated call's host time (9.7-10 us measured on
+    # the H200 after issue 33), not the 27 us the Python took before.
+    assert 7e-6 < small["strided"].predicted_s < 14e-6, small["strided"].predicted_s
     mid = plan((391, 70), 0, torch.float32)["torch"].predicted_s
     assert 80e-6 < mid < 180e-6, mid
     big = plan((3, 99727, 224), 1, torch.float32)["torch"].predicted_s

@@ -148,6 +148,10 @@ def known_gpu(tag: str) -> DeviceInfo:
 #: Host seconds of one launch through a bound Launcher (kernels/_common.py): the compiled kernel
 #: called directly, about a third of Triton's own launch path (`launch`).
 BOUND_LAUNCH = 5e-6
+#: Host seconds of one output or workspace allocation through a prepared allocator
+#: (kernels/_common.allocator: torch.empty with its sizes bound), 2.0 us on the H200's host
+#: (benchmarks/host_parts.py); not an ATen op with a kernel (`torch_launch`).
+ALLOCATION = 2e-6
 
 
 def defaults_for(info: DeviceInfo) -> DeviceModel:

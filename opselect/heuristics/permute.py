@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from .device_model import ALLOCATION, BOUND_LAUNCH
+
 OP = "permute"
 
 #: Efficiency of DRAM traffic made of contiguous segments of this many bytes (log-interpolated).
@@ -91,11 +93,9 @@ def _elements(call) -> float:
 
 
 #: Host seconds of a Triton backend's call beyond its launch and the output's allocation (the
-#: geometry, the plan, the Python on the way). Taken from measured tiny calls, not from counting
-#: the Python: the counted launch and allocation fall short of what those calls take, and without
-#: this term the cold model sends host-bound calls to a Triton backend that torch runs faster
-#: (fits/permute.md, "TRITON_GLUE_HOST").
-TRITON_GLUE_HOST = 16e-6
+#: public function's checks, key and lookup, the layout handling): what repeated naive and tiled
+#: calls took beyond them (fits/permute.md, "TRITON_GLUE_HOST").
+TRITON_GLUE_HOST = 6.5e-6
 
 
 #: Device seconds a program (CTA) costs beyond its bytes, per SM: its launch, prologue and the
@@ -109,25 +109,32 @@ def _programs(n: float, model) -> float:
     return n * PROGRAM_SECONDS / max(1, model.sm_count)
 
 
-def _host(model, triton: bool) -> float:
-    """Host seconds of one call: a Triton launch plus the output's allocation and the Python
-    around them, or torch's permute view plus its clone (the model takes the longer of host and
-    device time)."""
-    torch_launch = getattr(model, "torch_launch", model.launch)
+#: Host seconds torch's permute adds to its copy's launch per dim of the simplified problem past
+#: the first (the view, and TensorIterator's setup of each dim): a 2-d transpose took 10.8 us and
+#: a 4-d (0, 2, 1, 3) permute 16.9 on the H200's host (fits/permute.md, "TRITON_GLUE_HOST").
+TORCH_DIM_HOST = 2e-6
+
+
+def _host(model, triton: bool, call=None) -> float:
+    """Host seconds of one call: a bound Triton launch plus the output's allocation and the
+    Python around them, or torch's permute view plus its copy (the model takes the longer of
+    host and device time)."""
     if triton:
-        return TRITON_GLUE_HOST + model.launch + torch_launch
-    return 2 * torch_launch
+        return TRITON_GLUE_HOST + BOUND_LAUNCH + ALLOCATION
+    torch_launch = getattr(model, "torch_launch", model.launch)
+    dims = len(call.sizes) if call is not None and call.sizes else 2
+    return torch_launch + TORCH_DIM_HOST * max(1, dims - 1)
 
 
 def _trivial(call, model, backend: str, triton: bool):
     if call.numel == 0 or call.kind == "other":
-        return model.estimate(OP, backend, triton=triton, launch=_host(model, False))
+        return model.estimate(OP, backend, triton=triton, launch=_host(model, False, call))
     return None
 
 
 def torch_(call, model, plan=None):
     if call.numel == 0:
-        return model.estimate(OP, "torch", triton=False, launch=_host(model, False))
+        return model.estimate(OP, "torch", triton=False, launch=_host(model, False, call))
     s = call.input.element_size()
     if call.kind == "keep" or call.kind == "other":
         run = (call.sizes[-1] if call.sizes else 1) * call.esize
@@ -141,7 +148,7 @@ def torch_(call, model, plan=None):
         # Strided reads; when the output's inner dims sit close together in the input they
         # fill their sectors and the copy runs as a kept one does.
         eff = max(TORCH_MOVE.get(s, 0.2), TORCH_KEEP.get(s, 0.5) * read_locality(call))
-    return model.estimate(OP, "torch", triton=False, launch=_host(model, False),
+    return model.estimate(OP, "torch", triton=False, launch=_host(model, False, call),
                           memory=model.stream(_traffic(call)) / eff)
 
 
