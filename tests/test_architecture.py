@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import opselect
+from opselect.dispatch.backend import Backend
 from opselect.dispatch.op import all_ops
 from opselect.dispatch.source_hash import backend_roots, closure, qualified_name
 from opselect.kernels._common import Launcher
@@ -244,6 +245,98 @@ def test_every_exception_class_lives_in_errors():
     assert not elsewhere, f"exception classes outside opselect/errors.py: {elsewhere}"
 
 
+# -- one way to run a backend -----------------------------------------------------------------------
+def _kernel_backend_classes() -> set[type]:
+    """Every backend class a module under opselect/kernels defines or mixes in (each module
+    imported first: a backend not registered in an op yet counts too)."""
+    import pkgutil
+
+    import opselect.kernels
+
+    for info in pkgutil.walk_packages(opselect.kernels.__path__, "opselect.kernels."):
+        importlib.import_module(info.name)
+    found = set()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("opselect.kernels.") and module is not None:
+            found.update(v for v in vars(module).values()
+                         if isinstance(v, type) and issubclass(v, Backend))
+    return found
+
+
+def test_no_backend_of_the_kernels_writes_its_own_run():
+    """Backend.run is the one way a call reaches a backend (an empty call answered by the call,
+    then the plan and _launch(plan, call)): a backend says what it does in _launch, never in a
+    run of its own, where an empty call or a config could take a way of its own."""
+    classes = _kernel_backend_classes()
+    assert len(classes) >= 15, classes  # (the walk found the backends)
+    own_run = sorted({f"{klass.__module__}.{klass.__qualname__}" for cls in classes
+                      for klass in cls.__mro__
+                      if klass.__module__.startswith("opselect.kernels.") and "run" in vars(klass)})
+    assert not own_run, f"backend classes with a run() of their own (write _launch): {own_run}"
+    for op in all_ops():
+        for backend in op.backends[1:]:  # (torch's op answers every call itself: TorchBackend)
+            assert type(backend).run is Backend.run, (op.name, backend.name)
+            assert type(backend)._launch is not Backend._launch, (op.name, backend.name)
+
+
+def _empty_calls():
+    """(op, args, kwargs, torch's answer) of calls with nothing to compute: no elements, k = 0,
+    an empty dim, a 0-d input with k = 0, out= where the op takes it, autograd."""
+    e, t = torch.empty(0, 4, dtype=torch.int64), torch.arange(3)
+    yield "isin", (e, t), {"invert": True}, lambda: torch.isin(e, t, invert=True)
+    out = torch.empty(0, dtype=torch.bool)  # resized to the elements' shape, as torch does
+    yield "isin", (e, t), {"out": out}, lambda: torch.isin(e, t)
+    x = torch.randn(6, 0, 5)
+    yield "topk", (x, 0), {"dim": 0}, lambda: torch.topk(x, 0, 0)
+    grad = torch.randn(0, 9, requires_grad=True)
+    yield "topk", (grad, 2), {"largest": False}, lambda: torch.topk(grad, 2, largest=False)
+    scalar = torch.tensor(1.5)
+    yield "topk", (scalar, 0), {}, lambda: torch.topk(scalar, 0)
+    p = torch.randn(2, 0, 3)
+    yield "permute", (p, (2, 0, 1)), {}, lambda: p.permute(2, 0, 1).contiguous()
+    p_out = torch.empty(0)
+    yield "permute", (p, (2, 0, 1)), {"out": p_out}, lambda: p.permute(2, 0, 1).contiguous()
+    h = torch.randn(3, 0, 5, dtype=torch.float16, requires_grad=True)
+    yield "softmax", (h, 1), {"dtype": torch.float32}, lambda: torch.softmax(h, 1,
+                                                                             dtype=torch.float32)
+    yield "log_softmax", (torch.randn(0, 7), -1), {}, lambda: torch.empty(0, 7)
+
+
+def test_an_empty_call_reaches_no_plan_and_no_launch(cpu_triton, monkeypatch):
+    """Every backend, forced, answers an empty call as torch does (shapes, dtypes, out=,
+    autograd) with the call's own empty_result: no backend makes a plan for it (its arithmetic
+    may divide by the empty size) or reaches its _launch, and no kernel is launched."""
+    def refused(self, *args, **kwargs):
+        raise AssertionError(f"{type(self).__name__} planned or launched an empty call")
+
+    ops = {op.name: op for op in all_ops() if op.prepare.__module__.startswith("opselect.kernels.")}
+    launched: list = []
+    monkeypatch.setattr(Launcher, "observer", launched.append)
+    for op in ops.values():
+        for backend in op.backends[1:]:
+            monkeypatch.setattr(type(backend), "_launch", refused)
+            monkeypatch.setattr(type(backend), "plan", refused)
+    seen = set()
+    for name, args, kwargs, reference in _empty_calls():
+        op, want = ops[name], reference()
+        assert op.prepare(*args, **kwargs).empty, name
+        for backend in (None, *op.backend_names):
+            got = op(*args, backend=backend, **kwargs)
+            for g, w in zip(got if isinstance(got, tuple) else (got,),
+                            want if isinstance(want, tuple) else (want,)):
+                assert (g.shape, g.dtype, g.requires_grad) == (w.shape, w.dtype, w.requires_grad)
+                assert torch.equal(g, w), (name, backend)
+            if "out" in kwargs:
+                assert got is kwargs["out"], (name, backend)
+            if args[0].requires_grad:
+                values = got[0] if isinstance(got, tuple) else got
+                (dx,) = torch.autograd.grad(values.sum(), args[0])
+                assert dx.shape == args[0].shape, (name, backend)
+            seen.add((name, backend))
+    assert not launched, launched
+    assert {name for name, _ in seen} == set(ops), "an op without an empty call here"
+
+
 # -- source hashes ---------------------------------------------------------------------------------
 def _triton_backends():
     return [(op, b) for op in all_ops() for b in op.backends if b.uses_triton]
@@ -328,6 +421,7 @@ def test_hash_covers_called_helpers_and_constexpr_globals(cpu_triton):
 _HASHES_SCRIPT = """
 import json
 import opselect
+from opselect.dispatch.backend import Backend
 from opselect.dispatch.op import all_ops
 print(json.dumps({f"{op.name}/{b.name}": b.source_hash for op in all_ops() for b in op.backends}))
 """

@@ -2,8 +2,9 @@
 
 A backend is one algorithm for one op: it says whether it can take a call (`supports`), which tunable
 configurations it has (`configs`, the first being its own heuristic default), how long the cost model
-thinks it takes (`cost`), and runs (`run`). The `torch` backend of each op (the ATen op itself) takes
-every call, so the dispatcher always has a safe choice.
+thinks it takes (`cost`), and runs (`run`: the call's plan under a config, then the backend's
+`_launch(plan, call)`). The `torch` backend of each op (the ATen op itself) takes every call, so the
+dispatcher always has a safe choice.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Estimate:
 
 
 class Backend:
-    """Base class; subclasses set `name` and implement run / cost and usually supports / configs."""
+    """Base class; subclasses set `name` and implement _launch / cost and usually plan /
+    supports / configs / bind."""
 
     name: str = "?"
     #: Extra jit functions the backend launches that its module neither defines nor holds a
@@ -59,6 +61,19 @@ class Backend:
         return [{}]
 
     def run(self, call: Any, config: Config) -> Any:
+        """The call answered under `config`: the one template of every backend. A call with
+        nothing to compute (Call.empty: an empty dim, k = 0) is answered by the call itself
+        (Call.empty_result, the op's outputs of the right shapes), before any plan, whose
+        arithmetic may divide by a size of 0, and any launch: no backend's _launch ever sees
+        one. Any other call is its plan, then _launch(plan, call), which does all the backend
+        does (several launches, autograd, out=) from those two alone."""
+        if call.empty:
+            return call.empty_result()
+        return self._launch(self.plan(call, config), call)
+
+    def _launch(self, plan: Any, call: Any) -> Any:
+        """Answer a non-empty call by its plan (self.plan(call, config): a backend without a
+        plan gets None): everything the config decides is in the plan."""
         raise NotImplementedError
 
     def bind(self, call: Any, config: Config) -> Callable[..., Any] | None:
@@ -132,6 +147,9 @@ class TorchBackend(Backend):
         return None
 
     def run(self, call: Any, config: Config) -> Any:
+        # torch's op answers every call itself, empty ones too: it is what the empty results
+        # of the other backends (Call.empty_result) follow, and the dispatcher's choice for
+        # every empty call.
         return self._fn(call)
 
     def bind(self, call: Any, config: Config) -> Callable[..., Any] | None:
@@ -164,8 +182,9 @@ class PlannedBackend(Backend):
     """A backend whose launches follow a plan: a frozen dataclass of every launch parameter,
     made by `make_plan` from the call's facts (`plan_facts`), the SM count and a config. The
     plan is the Launchers' spec, the source of each kernel's constexprs and the cost model's
-    input. Plans are memoised per backend: a call's facts repeat far more often than they
-    change (the memo is simply cleared if it ever grows large)."""
+    input, and all that `_launch(plan, call)` and a prepared call get of the config. Plans are
+    memoised per backend: a call's facts repeat far more often than they change (the memo is
+    simply cleared if it ever grows large)."""
 
     PLANS_MAX = 4096
 

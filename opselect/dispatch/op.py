@@ -191,7 +191,8 @@ class Op(Measuring):
         if call.empty:
             reason = chosen.device_reason(call.info)
             if reason is None:
-                return Choice(chosen, {}, "forced")  # any backend answers an empty call
+                # Any backend answers an empty call (Backend.run: call.empty_result()).
+                return Choice(chosen, {}, "forced")
         else:
             reason = chosen.device_reason(call.info) or chosen.supports(call)
         if reason is not None:

@@ -9,13 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import allocator, cdiv, needs_int64, next_pow2
-from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
-from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program,
-                     _hash_insert, _hash_probe_blocks, _key_bits, plan_launcher, check_config,
-                     table_plan)
+from .call import IsinCall, _prepared_call, _reader
+from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
+                     _hash_probe_blocks, _key_bits, plan_launcher, check_config, table_plan,
+                     TritonBackend)
 
 
 # The bitmap never exceeds this many bits (it must stay in L2); wider value ranges use the hash set.
@@ -163,7 +162,7 @@ class BitmapPlan(SetPlan):
     setup_block: int  # bitmap words or table slots each setup program initialises
 
 
-class BitmapBackend(PlannedBackend):
+class BitmapBackend(TritonBackend):
     """A bitmap over the test set's value range, decided on the device: no host sync. When the
     range exceeds the bitmap's capacity the same kernels use the hash set instead."""
 
@@ -186,20 +185,10 @@ class BitmapBackend(PlannedBackend):
                 {"probe_block": 4096, "blocks_per_program": 2, "num_warps": 8},
                 {"probe_block": 2048, "blocks_per_program": 2, "num_warps": 8}]
 
-    def run(self, call: IsinCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
-        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
-
-    def bind(self, call: IsinCall, config):
-        return self._prepared(call, config) if _bindable(call) else None
-
-    def _prepared(self, call: IsinCall, config):
+    def _prepared(self, p, call: IsinCall):
         """The prepared call (call._prepared_call): the scratch, then the min/max (wider than
         16-bit keys), setup, build and probe launches. Which structure the data calls for is
         still decided on the device, by the setup kernel."""
-        p = self.plan(call, config)
         device, index = call.elements.device, call.info.index
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
         n, m, cap, log_t = p.test_elements, p.elements, p.capacity_bits, p.table_log2

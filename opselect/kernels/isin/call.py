@@ -30,6 +30,9 @@ class IsinCall(Call):
     def empty(self) -> bool:
         return self.m == 0  # (no test elements is not empty: every answer is False, or True)
 
+    def empty_result(self) -> torch.Tensor:
+        return _every_answer_invert(self)
+
     def inputs(self) -> tuple:
         return (self.elements, self.test)
 
@@ -215,8 +218,9 @@ def _output(call: IsinCall) -> torch.Tensor:
 
 
 def _bindable(call: IsinCall) -> bool:
-    """A call a Triton backend prepares (bind): out= goes through run(), which writes it; an
-    empty call has nothing to launch (_trivial answers it)."""
+    """A call a Triton backend prepares (bind): out= goes through run(), which writes it; a
+    call without elements or without test elements has nothing to launch
+    (_every_answer_invert answers it)."""
     return call.out is None and call.m != 0 and call.n != 0
 
 
@@ -257,11 +261,10 @@ def _finish(call: IsinCall, result: torch.Tensor) -> torch.Tensor:
     return result
 
 
-def _trivial(call: IsinCall) -> torch.Tensor | None:
-    """Empty inputs: no kernel to launch."""
-    if call.m == 0 or call.n == 0:
-        return _finish(call, _output(call).fill_(call.invert))
-    return None
+def _every_answer_invert(call: IsinCall) -> torch.Tensor:
+    """The answer of a call with no elements (an empty call) or no test elements: `invert` for
+    every element, without a launch."""
+    return _finish(call, _output(call).fill_(call.invert))
 
 
 def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):

@@ -9,7 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ...dispatch.backend import PlannedBackend
 from .._common import Launcher, cdiv, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
+from .call import IsinCall, _bindable, _every_answer_invert, _finish, _output
 
 
 # Tables at most this large are copied on chip by every program of the probe kernel.
@@ -234,3 +236,23 @@ class SetPlan:
     blocks_per_program: int  # probing blocks per program (amortises an on-chip copy)
     offsets_64bit: bool  # offsets past 2**31 elements
     num_warps: int  # of the probing launch
+
+
+class TritonBackend(PlannedBackend):
+    """A Triton backend of isin: its work is `_prepared(plan, call)`, a function of the inputs
+    (call._prepared_call) that both a run and a route (bind) call, so the launch arithmetic has
+    one code path."""
+
+    def _launch(self, plan, call: IsinCall) -> torch.Tensor:
+        if call.n == 0:
+            # No test elements: every answer is `invert`. (Not an empty call: each element
+            # still gets an answer, which no kernel needs to work out.)
+            return _every_answer_invert(call)
+        return _finish(call, self._prepared(plan, call)(call.elements, call.test, _output(call)))
+
+    def bind(self, call: IsinCall, config):
+        return self._prepared(self.plan(call, config), call) if _bindable(call) else None
+
+    def _prepared(self, plan, call: IsinCall):
+        """The prepared call of `call` under `plan`: isin(elements, test, out=None)."""
+        raise NotImplementedError

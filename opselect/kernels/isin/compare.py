@@ -8,11 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import cdiv, needs_int64, next_pow2
-from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
-from .common import _value_key, plan_launcher, check_config
+from .call import IsinCall, _prepared_call, _reader
+from .common import TritonBackend, _value_key, check_config, plan_launcher
 
 
 @triton.jit
@@ -78,7 +77,7 @@ _COMPARE = plan_launcher(_compare_kernel)
 CONFIG_KEYS = frozenset({"block_size", "test_tile", "num_warps"})
 
 
-class CompareBackend(PlannedBackend):
+class CompareBackend(TritonBackend):
     name = "compare"
     estimate = staticmethod(cost.compare)
     MAX_N = 4096  # beyond this the O(M * N) work is never competitive; keep tuning short
@@ -103,18 +102,8 @@ class CompareBackend(PlannedBackend):
             return tiled + streaming
         return streaming + tiled
 
-    def run(self, call: IsinCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
-        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
-
-    def bind(self, call: IsinCall, config):
-        return self._prepared(call, config) if _bindable(call) else None
-
-    def _prepared(self, call: IsinCall, config):
+    def _prepared(self, plan, call: IsinCall):
         """The prepared call (call._prepared_call): one launch over the flat inputs."""
-        plan = self.plan(call, config)
         m, n = call.m, call.n
         launch = _COMPARE.bind(plan, (cdiv(m, plan.block_size),), call.info.index)
 

@@ -8,12 +8,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import cdiv, needs_int64
-from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _reader, _trivial
-from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
-                     _hash_probe_blocks, _key_bits, plan_launcher, check_config, table_plan)
+from .call import IsinCall, _prepared_call, _reader
+from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert, _hash_probe_blocks,
+                     _key_bits, plan_launcher, check_config, table_plan, TritonBackend)
 
 
 @triton.jit
@@ -63,7 +62,7 @@ def _config(probe_block: int, blocks_per_program: int, on_chip: bool, slots_per_
             "on_chip": on_chip, "slots_per_key": slots_per_key, "num_warps": num_warps}
 
 
-class HashBackend(PlannedBackend):
+class HashBackend(TritonBackend):
     name = "hash"
     estimate = staticmethod(cost.hash_)
 
@@ -89,19 +88,9 @@ class HashBackend(PlannedBackend):
             out.insert(0, out.pop(2))
         return out
 
-    def run(self, call: IsinCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
-        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
-
-    def bind(self, call: IsinCall, config):
-        return self._prepared(call, config) if _bindable(call) else None
-
-    def _prepared(self, call: IsinCall, config):
+    def _prepared(self, p, call: IsinCall):
         """The prepared call (call._prepared_call): a fresh table, then the build and probe
         launches."""
-        p = self.plan(call, config)
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
         slots, empty, device = 1 << p.table_log2, torch.iinfo(key_dtype).min, call.elements.device
         n, m, log_t = p.test_elements, p.elements, p.table_log2

@@ -9,11 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import PlannedBackend
 from ...heuristics import isin as cost
 from .._common import cdiv, flat, needs_int64
-from .call import IsinCall, _bindable, _finish, _output, _prepared_call, _trivial
-from .common import _value_key, plan_launcher, check_config
+from .call import IsinCall, _prepared_call
+from .common import TritonBackend, _value_key, check_config, plan_launcher
 
 
 # N is never specialised: with N == 1 folded in, triton 3.6's coalescing pass crashes on this kernel
@@ -64,7 +63,7 @@ _SEARCH = plan_launcher(_search_kernel)
 CONFIG_KEYS = frozenset({"block_size", "num_warps"})
 
 
-class SearchBackend(PlannedBackend):
+class SearchBackend(TritonBackend):
     name = "search"
     estimate = staticmethod(cost.search)
 
@@ -72,18 +71,8 @@ class SearchBackend(PlannedBackend):
         return [{"block_size": 1024, "num_warps": 4}, {"block_size": 512, "num_warps": 4},
                 {"block_size": 2048, "num_warps": 8}]
 
-    def run(self, call: IsinCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
-        return _finish(call, self._prepared(call, config)(call.elements, call.test, _output(call)))
-
-    def bind(self, call: IsinCall, config):
-        return self._prepared(call, config) if _bindable(call) else None
-
-    def _prepared(self, call: IsinCall, config):
+    def _prepared(self, plan, call: IsinCall):
         """The prepared call (call._prepared_call): sort the test set, then one launch."""
-        plan = self.plan(call, config)
         m, n = call.m, call.n
         launch = _SEARCH.bind(plan, (cdiv(m, plan.block_size),), call.info.index)
         # torch.sort sorts along the last dim: the test set goes to it as one flat dim.

@@ -126,6 +126,10 @@ class PermuteCall(Call):
     def empty(self) -> bool:
         return self.numel == 0
 
+    def empty_result(self) -> torch.Tensor:
+        # The permuted shape, nothing to copy (the caller's out=, resized, where given).
+        return _finish(self, _output(self))
+
     def describe(self) -> str:
         x = self.input
         text = (f"input {tuple(x.shape)} {str(x.dtype)[6:]}, dims {self.dims} on {x.device}")
@@ -411,11 +415,6 @@ def _finish(call: PermuteCall, result: torch.Tensor) -> torch.Tensor:
         return call.out
     return result
 
-
-def _trivial(call: PermuteCall) -> torch.Tensor | None:
-    if call.kind == "empty":
-        return _finish(call, _output(call))
-    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.backend import Backend
+from ...dispatch.backend import PlannedBackend
 from .._common import BoundLaunch, Launcher, allocator, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
-from .call import PermuteCall, _direct_out, _finish, _trivial
+from .call import PermuteCall, _direct_out, _finish
 
 
 #: Integer types of each unit width: the kernels move bytes, never values.
@@ -190,17 +190,23 @@ def _prepared_copy(call: PermuteCall, launch: BoundLaunch, ints: tuple
     return permuted
 
 
-class _TritonBackend(Backend):
-    def supports(self, call: PermuteCall) -> str | None:
-        if call.torch_only is not None:
-            return call.torch_only
-        return self.device_reason(call.info)
+class _TritonBackend(PlannedBackend):
+    """A Triton backend of permute: its plan (make_plan) holds the launch's spec, grid and
+    integer arguments, and its work is `_prepared(plan, call)` (_prepared_copy), the function
+    of the input that both a run and a route (bind) call."""
 
-    def run(self, call: PermuteCall, config) -> torch.Tensor:
-        done = _trivial(call)
-        if done is not None:
-            return done
-        return _finish(call, self._prepare(call, config)(call.input, _direct_out(call)))
+    def supports(self, call: PermuteCall) -> str | None:
+        # Only the call is judged: the dispatcher asks the device first (device_reason), and a
+        # plan made for another device (tools/compile_check.py, what_if) must still be made.
+        return call.torch_only
+
+    def plan_facts(self, call: PermuteCall) -> tuple:
+        # The call's exact facts are its geometry: shape, strides, dims, element size, both
+        # pointers' alignment (which the widening reads) and whether the kernels take it.
+        return call.exact
+
+    def _launch(self, plan, call: PermuteCall) -> torch.Tensor:
+        return _finish(call, self._prepared(plan, call)(call.input, _direct_out(call)))
 
     def bind(self, call: PermuteCall, config) -> Callable[..., torch.Tensor] | None:
         """The prepared permute of a plain call; None for out=, autograd, an empty call and an
@@ -209,9 +215,9 @@ class _TritonBackend(Backend):
                 or self.supports(call) is not None
                 or (call.input.requires_grad and torch.is_grad_enabled())):
             return None
-        return self._prepare(call, config)
+        return self._prepared(self.plan(call, config), call)
 
-    def _prepare(self, call: PermuteCall, config) -> Callable[..., torch.Tensor]:
-        """Everything the launch needs that the call's plain key decides, worked out once: the
-        prepared permute (_prepared_copy) that both run() and the dispatcher's routes call."""
+    def _prepared(self, plan, call: PermuteCall) -> Callable[..., torch.Tensor]:
+        """The prepared permute (_prepared_copy) of the call under its plan: the plan's one
+        bound launch."""
         raise NotImplementedError

@@ -54,6 +54,10 @@ class NaivePlan:
     offsets_64bit: bool  # offsets past 2**31
     num_warps: int
 
+    @property
+    def grid(self) -> tuple[int]:
+        return (cdiv(self.ints[0], self.block),)  # a program per block of units
+
 
 naive_plan = functools.lru_cache(maxsize=4096)(NaivePlan)
 
@@ -71,13 +75,14 @@ class NaiveBackend(_TritonBackend):
         return [{"block": 1024, "num_warps": 4}, {"block": 2048, "num_warps": 8},
                 {"block": 512, "num_warps": 4}]
 
-    def _prepare(self, call: PermuteCall, config):
+    def make_plan(self, call: PermuteCall, config, sms: int) -> NaivePlan:
         check_config(f"permute {self.name}", config, CONFIG_KEYS)
         w = call.W
         sizes, strides = call.sizes or [1], call.strides or [1]
         n = call.numel * call.input.element_size() // call.esize
-        block = config["block"]
         ints = (n, *_padded(list(zip(reversed(sizes), reversed(strides))), MAX_DIMS))
         nd, i64, warps = len(sizes), needs_int64(n * w, call.span * w), config["num_warps"]
-        plan = naive_plan(UNIT_DTYPES[call.unit], ints, nd, w, block, i64, warps)
-        return _prepared_copy(call, _NAIVE.bind(plan, (cdiv(n, block),), call.info.index), ints)
+        return naive_plan(UNIT_DTYPES[call.unit], ints, nd, w, config["block"], i64, warps)
+
+    def _prepared(self, plan: NaivePlan, call: PermuteCall):
+        return _prepared_copy(call, _NAIVE.bind(plan, plan.grid, call.info.index), plan.ints)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...heuristics import permute as cost
-from .._common import BoundLaunch, cdiv, needs_int64, next_pow2
+from .._common import cdiv, needs_int64, next_pow2
 from .call import MAX_DIMS, PermuteCall
 from .common import (UNIT_DTYPES, _prepared_copy, _tiles_per_program, _TritonBackend,
                      plan_launcher, check_config)
@@ -355,8 +355,8 @@ TILE_EDGES = {1: (64, 128), 2: (64, 128), 4: (64, 64), 8: (32, 64), 16: (32, 32)
 
 @dataclass(frozen=True, eq=False)
 class TiledPlan:
-    """What a tiled launch of one call under one config moves per tile (the cost model's input,
-    and the tile edges run() launches with)."""
+    """A tiled launch of one call under one config: what it moves per tile (the cost model's
+    input) and the launch itself (its spec, grid and integer arguments)."""
 
     geometry: TilePlan  # the call's two groups (A along the input, B along the output) and batch
     narrow: bool  # the narrow kernel (a group of under 16 bytes) rather than the square tile
@@ -364,25 +364,41 @@ class TiledPlan:
     b_block: int  # square tile: elements along B
     narrow_padded: int  # narrow kernel: the short group's length rounded up to a power of two
     wide_block: int  # narrow kernel: elements of the long group per tile
+    launch: TiledLaunchPlan | NarrowLaunchPlan  # the Launcher's spec (_NARROW's when narrow)
+    grid: tuple[int]  # a program per tiles_per_program tiles
 
 
 class TiledBackend(_TritonBackend):
     name = "tiled"
     estimate = staticmethod(cost.tiled)
 
-    def plan(self, call: PermuteCall, config=None, *, sms=None) -> TiledPlan | None:
+    def make_plan(self, call: PermuteCall, config, sms: int) -> TiledPlan | None:
         if call.tile is None:  # nothing to tile (an empty call, or one torch answers)
             return None
-        config = self.configs(call)[0] if config is None else config
         check_config(f"permute {self.name}", config, CONFIG_KEYS)
         geometry = _plan(call)
+        batch = []
+        for size, s_in, s_out in geometry.batch:
+            batch += [size, s_in, s_out]
+        batch += [1, 0, 0] * (MAX_BATCH - len(geometry.batch))
+        n_units = call.numel * call.input.element_size() // call.unit
         if config.get("narrow") and geometry.narrow:
             n, m = ((geometry.A, geometry.B) if geometry.narrow == "in"
                     else (geometry.B, geometry.A))
-            return TiledPlan(geometry, True, 0, 0, next_pow2(n),
-                             self.narrow_width(n, m, call.unit, config["tile_bytes"]))
-        ba, bb = self.tile_shape(geometry, config.get("a_block", 64), config.get("b_block", 64))
-        return TiledPlan(geometry, False, ba, bb, 0, 0)
+            launch, grid = self._narrow_launch(call, geometry, config, batch, n_units)
+            return TiledPlan(geometry, True, 0, 0, next_pow2(n), launch.wide_block, launch, grid)
+        if "a_block" not in config:  # a narrow config memoised for a call that is not narrow
+            config = self.configs(call)[0]
+            if "a_block" not in config:
+                config = {**config, "a_block": 64, "b_block": 64}
+        ba, bb = self.tile_shape(geometry, config["a_block"], config["b_block"])
+        launch, grid = self._tiled_launch(call, geometry, config, ba, bb, batch, n_units)
+        return TiledPlan(geometry, False, ba, bb, 0, 0, launch, grid)
+
+    def _prepared(self, plan: TiledPlan, call: PermuteCall):
+        launcher = _NARROW if plan.narrow else _TILED
+        return _prepared_copy(call, launcher.bind(plan.launch, plan.grid, call.info.index),
+                              plan.launch.ints)
 
     def supports(self, call: PermuteCall) -> str | None:
         if call.tile is None and call.kind not in ("empty", "other"):
@@ -444,23 +460,11 @@ class TiledBackend(_TritonBackend):
             ba *= 2
         return ba, bb
 
-    def _prepare(self, call: PermuteCall, config):
-        check_config(f"permute {self.name}", config, CONFIG_KEYS)
-        plan = _plan(call)
+    @staticmethod
+    def _tiled_launch(call: PermuteCall, plan: TilePlan, config, ba: int, bb: int, batch,
+                      n_units: int) -> tuple[TiledLaunchPlan, tuple[int]]:
+        """The square tile's launch spec and grid, for tiles of ba x bb."""
         unit, w = call.unit, plan.w
-        batch = []
-        for size, s_in, s_out in plan.batch:
-            batch += [size, s_in, s_out]
-        batch += [1, 0, 0] * (MAX_BATCH - len(plan.batch))
-        n_units = call.numel * call.input.element_size() // unit
-        if config.get("narrow") and plan.narrow:
-            launch, ints = self._narrow_launch(call, plan, config, batch, n_units)
-            return _prepared_copy(call, launch, ints)
-        if "a_block" not in config:  # a narrow config memoised for a call that is not narrow
-            config = self.configs(call)[0]
-            if "a_block" not in config:
-                config = {**config, "a_block": 64, "b_block": 64}
-        ba, bb = self.tile_shape(plan, config["a_block"], config["b_block"])
         n_ta, n_tb = cdiv(plan.A, ba), cdiv(plan.B, bb)
         n_tiles = plan.n_batch * n_ta * n_tb
         tpp = _tiles_per_program(config["tiles_per_program"], n_tiles)
@@ -471,7 +475,7 @@ class TiledBackend(_TritonBackend):
         warps = config["num_warps"]
         spec = tiled_launch_plan(UNIT_DTYPES[unit], ints, na, nb, nc, ba, bb, w, tpp,
                                  plan.A % ba == 0, plan.B % bb == 0, i64, warps)
-        return _prepared_copy(call, _TILED.bind(spec, (n_tiles // tpp,), call.info.index), ints)
+        return spec, (n_tiles // tpp,)
 
     @staticmethod
     def narrow_width(n: int, m: int, unit: int, tile_bytes: int) -> int:
@@ -480,8 +484,8 @@ class TiledBackend(_TritonBackend):
 
     @staticmethod
     def _narrow_launch(call: PermuteCall, plan: TilePlan, config, batch, n_units
-                       ) -> tuple[BoundLaunch, tuple]:
-        """The narrow kernel's bound launch and its integer arguments."""
+                       ) -> tuple[NarrowLaunchPlan, tuple[int]]:
+        """The narrow kernel's launch spec and grid."""
         narrow_in = plan.narrow == "in"
         n, m = (plan.A, plan.B) if narrow_in else (plan.B, plan.A)
         group = plan.a_dims if narrow_in else plan.b_dims
@@ -495,4 +499,4 @@ class TiledBackend(_TritonBackend):
         i64 = needs_int64(n_units + np_ * bw, call.span + np_ * bw)
         spec = narrow_launch_plan(UNIT_DTYPES[call.unit], ints, n, np_, ng, nc, bw, tpp,
                                   narrow_in, i64, warps)
-        return _NARROW.bind(spec, (n_tiles // tpp,), call.info.index), ints
+        return spec, (n_tiles // tpp,)

@@ -70,6 +70,13 @@ class RunsPlan:
     offsets_64bit: bool
     num_warps: int
 
+    @property
+    def grid(self) -> tuple[int]:
+        """A program per tiles_per_program tiles (which divides the tiles): tiles of
+        rows_per_tile rows times the run's blocks."""
+        rows, _, run_blocks = self.ints[:3]
+        return (cdiv(rows, self.rows_per_tile) * run_blocks // self.tiles_per_program,)
+
 
 runs_plan = functools.lru_cache(maxsize=4096)(RunsPlan)
 
@@ -97,7 +104,7 @@ class VectorizedBackend(_TritonBackend):
                 {"tile_bytes": 8192, "num_warps": 4, "tiles_per_program": 4 if big else 2},
                 {"tile_bytes": 16384, "num_warps": 8, "tiles_per_program": 1}]
 
-    def _prepare(self, call: PermuteCall, config):
+    def make_plan(self, call: PermuteCall, config, sms: int) -> RunsPlan:
         check_config(f"permute {self.name}", config, CONFIG_KEYS)
         unit, w = call.unit, call.W
         sizes, strides = call.sizes or [1], call.strides or [1]
@@ -116,6 +123,8 @@ class VectorizedBackend(_TritonBackend):
         ints = (rows, lu, n_cb, *_padded(outer, MAX_DIMS - 1))
         nd, warps = len(outer), config["num_warps"]
         i64 = needs_int64(rows * lu + tile, call.span * w + tile)
-        plan = runs_plan(UNIT_DTYPES[unit], ints, nd, block_r, block_l, tpp, lu % block_l == 0, w,
+        return runs_plan(UNIT_DTYPES[unit], ints, nd, block_r, block_l, tpp, lu % block_l == 0, w,
                          i64, warps)
-        return _prepared_copy(call, _RUNS.bind(plan, (n_tiles // tpp,), call.info.index), ints)
+
+    def _prepared(self, plan: RunsPlan, call: PermuteCall):
+        return _prepared_copy(call, _RUNS.bind(plan, plan.grid, call.info.index), plan.ints)

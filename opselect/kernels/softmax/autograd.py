@@ -12,10 +12,10 @@ import triton
 import triton.language as tl
 
 from ...dispatch.device import device_info
-from ...dispatch.backend import Backend
+from ...dispatch.backend import PlannedBackend
 from .._common import cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall, _collapse
-from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _empty_out, _new, _resident,
+from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _new, _resident,
                      _row_and_part, _strided_plan, _tiles_per_program, _warps, check_config,
                      plan_launcher, strided_launch_plan)
 
@@ -365,33 +365,48 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     return dx
 
 
-class ForwardBackend(Backend):
-    """A softmax backend of this package's kernels: run and bind check the config's keys
-    (CONFIG_KEYS, or config_keys(config) where a backend has two kinds of config) before the
-    backend's _forward(call, config) prepares the call's forward. An empty call launches
-    nothing: the dispatcher gives it the config {}, which is taken."""
+class ForwardBackend(PlannedBackend):
+    """A softmax backend of this package's kernels: its plan is its forward's launches
+    (forward_plan, under a config whose keys are checked first: CONFIG_KEYS, or
+    config_keys(config) where a backend has two kinds of config), and _forward(plan, call) the
+    prepared forward x -> y that a run (_launch: the torch cast, autograd and the current
+    device around it) and a route (bind) both call."""
 
     CONFIG_KEYS: frozenset = frozenset()
 
     def config_keys(self, config) -> frozenset:
         return self.CONFIG_KEYS
 
-    def _check(self, call: SoftmaxCall, config) -> None:
-        if config or call.numel:
-            check_config(f"softmax {self.name}", config, self.config_keys(config), complete=True)
+    def plan_facts(self, call: SoftmaxCall) -> tuple:
+        # The exact call (sizes, dtypes, layout, autograd) and the strides the kernels read in
+        # place, which a strided view of the same layout has its own of.
+        return call.exact, call.so, call.sn, call.log
 
-    def run(self, call: SoftmaxCall, config) -> torch.Tensor:
-        self._check(call, config)
-        return _run(call, lambda c: self._forward(c, config)(c.x))
+    def make_plan(self, call: SoftmaxCall, config, sms: int):
+        check_config(f"softmax {self.name}", config, self.config_keys(config), complete=True)
+        return self.forward_plan(call, config, sms)
+
+    def forward_plan(self, call: SoftmaxCall, config, sms: int):
+        raise NotImplementedError
+
+    def _forward(self, plan, call: SoftmaxCall):
+        raise NotImplementedError
+
+    def _launch(self, plan, call: SoftmaxCall) -> torch.Tensor:
+        # The plan serves the call a torch cast makes under autograd too (_call_on): the same
+        # sizes, the dtype and the contiguous strides the cast input is read with anyway.
+        return _run(call, lambda c: self._forward(plan, c)(c.x))
 
     def bind(self, call: SoftmaxCall, config):
-        self._check(call, config)
-        return None if call.grad or call.numel == 0 else self._forward(call, config)
+        if call.numel == 0:
+            return None  # (the dispatcher binds no empty call: Backend.run answers it)
+        plan = self.plan(call, config)  # (which refuses a config of other keys)
+        return None if call.grad else self._forward(plan, call)
 
 
 def _run(call: SoftmaxCall, launch) -> torch.Tensor:
-    """Shared by the Triton backends: empty inputs, the torch cast, autograd, and the current
-    device (Triton launches on the current CUDA device, which may not be the tensor's)."""
+    """Shared by the Triton backends: the torch cast, autograd, and the current device (Triton
+    launches on the current CUDA device, which may not be the tensor's)."""
     info = call.info
     if info.type == "cuda" and info.index != torch.cuda.current_device():
         with torch.cuda.device(info.index):
@@ -400,11 +415,6 @@ def _run(call: SoftmaxCall, launch) -> torch.Tensor:
 
 
 def _run_here(call: SoftmaxCall, launch) -> torch.Tensor:
-    if call.numel == 0:
-        x = call.x.to(call.out_dtype) if call.cast_first else call.x
-        if call.grad:
-            return _SoftmaxFunction.apply(x, call, lambda: _empty_out(call))
-        return _empty_out(call)
     if call.grad:
         if call.cast_first:
             # A narrowing cast (it rounds): torch's .to() records it for autograd; the kernels

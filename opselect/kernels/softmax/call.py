@@ -12,7 +12,7 @@ from ...dispatch.device import device_info
 from ...dispatch.op import Call
 from ...dispatch.signature import bucket
 from ...errors import ArgumentTypeError, DimError, InvalidArgument, TorchOnlyCall
-from .._common import FLOAT_DTYPES, prepared
+from .._common import FLOAT_DTYPES, allocator, prepared
 
 
 _WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
@@ -40,6 +40,13 @@ class SoftmaxCall(Call):
     @property
     def empty(self) -> bool:
         return self.outer == 0 or self.n == 0 or self.inner == 0
+
+    def empty_result(self) -> torch.Tensor:
+        if self.grad:
+            # torch's own op records autograd (and computes nothing for no elements): the
+            # gradient is an empty tensor of the input's shape and dtype.
+            return _torch_softmax(self)
+        return allocator(self.x.shape, self.out_dtype, self.x.device)()
 
     def inputs(self) -> tuple:
         return (self.x,)

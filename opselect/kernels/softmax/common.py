@@ -197,6 +197,12 @@ class RowsPlan:
         """The row is its padded block (no column mask)."""
         return self.row_block == self.ints[1] * self.align
 
+    @property
+    def grid(self) -> tuple[int]:
+        """A program per tiles_per_program tiles (the last integer argument) of rows_per_tile
+        rows (the first)."""
+        return (cdiv(cdiv(self.ints[0], self.rows_per_tile), self.ints[4]),)
+
 
 @functools.lru_cache(maxsize=4096)
 def rows_plan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block,
@@ -283,29 +289,31 @@ def _new(shape, dtype: torch.dtype, device) -> torch.Tensor:
     return allocator(shape, dtype, device)()
 
 
-def _empty_out(call: SoftmaxCall) -> torch.Tensor:
-    return _new(call.x.shape, call.out_dtype, call.x.device)
-
-
-def _rows_fwd(call: SoftmaxCall, block_r: int, warps: int, stages: int):
-    """The prepared forward of fused (block_r = 1) and multirow: a function x -> y of the call's
-    input, everything else worked out here once."""
-    read, sx, _ = _reader(call)
+def rows_fwd_plan(call: SoftmaxCall, block_r: int, warps: int, stages: int, sms: int
+                  ) -> RowsPlan:
+    """The launch of fused (block_r = 1) and multirow for a call: tiles of block_r rows (fewer
+    where the rows are few or long), several per program where the tiles are many."""
+    _, sx, _ = _reader(call)
     n, rows = call.n, call.outer
     bn = next_pow2(n)
     block_r = max(1, min(block_r, TILE_MAX // bn, next_pow2(rows)))
     tiles = cdiv(rows, block_r)
-    resident = _resident(call.info.sm_count, warps, block_r * bn, call.f64)
+    resident = _resident(sms, warps, block_r * bn, call.f64)
     per = _tiles_per_program(tiles, resident)
     a = _align(n, sx)
     ints = (rows, n // a, sx // a, n // a, per)
-    log, f64, stages = call.log, call.f64, stages if per > 1 else 1
+    stages = stages if per > 1 else 1
     i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
-    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
-    plan = rows_plan(_read_dtype(call), out_dtype, ints, a, log, f64, block_r, bn, stages, i64,
-                     warps)
-    launch = _ROWS_FWD.bind(plan, (cdiv(tiles, per),), call.info.index)
-    return _one_launch(read, launch, ints, shape, out_dtype, device)
+    return rows_plan(_read_dtype(call), call.out_dtype, ints, a, call.log, call.f64, block_r, bn,
+                     stages, i64, warps)
+
+
+def _rows_fwd(plan: RowsPlan, call: SoftmaxCall):
+    """The prepared forward of fused and multirow under its plan: a function x -> y of the
+    call's input, everything else worked out here once."""
+    launch = _ROWS_FWD.bind(plan, plan.grid, call.info.index)
+    return _one_launch(_reader(call)[0], launch, plan.ints, tuple(call.x.shape), call.out_dtype,
+                       call.x.device)
 
 
 def _one_launch(read, launch, ints: tuple, shape: tuple, out_dtype: torch.dtype, device):

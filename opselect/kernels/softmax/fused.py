@@ -7,7 +7,7 @@ from ...heuristics import softmax as cost
 from .._common import next_pow2
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
-from .common import _rows_fwd, _rows_reason, _warps
+from .common import _rows_fwd, _rows_reason, _warps, rows_fwd_plan
 
 
 # Longest row the fused backend holds in registers (16 warps x 32 threads x 64 values).
@@ -47,8 +47,12 @@ class FusedBackend(ForwardBackend):
         return [c for i, c in enumerate(cfgs) if c not in cfgs[:i]]
 
     @staticmethod
-    def _forward(call: SoftmaxCall, config):
-        return _rows_fwd(call, 1, config["num_warps"], config["pipeline_stages"])
+    def forward_plan(call: SoftmaxCall, config, sms: int):
+        return rows_fwd_plan(call, 1, config["num_warps"], config["pipeline_stages"], sms)
+
+    @staticmethod
+    def _forward(plan, call: SoftmaxCall):
+        return _rows_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         return cost.fused(call, model, warps=self.configs(call)[0]["num_warps"])

@@ -7,7 +7,7 @@ from ...heuristics import softmax as cost
 from .._common import next_pow2
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
-from .common import MULTIROW_MAX, _rows_fwd, _rows_reason
+from .common import MULTIROW_MAX, _rows_fwd, _rows_reason, rows_fwd_plan
 
 
 #: The keys of multirow's configs.
@@ -34,9 +34,13 @@ class MultirowBackend(ForwardBackend):
                 {"rows_per_tile": br, "num_warps": 4, "pipeline_stages": 1}]
 
     @staticmethod
-    def _forward(call: SoftmaxCall, config):
-        return _rows_fwd(call, config["rows_per_tile"], config["num_warps"],
-                         config["pipeline_stages"])
+    def forward_plan(call: SoftmaxCall, config, sms: int):
+        return rows_fwd_plan(call, config["rows_per_tile"], config["num_warps"],
+                             config["pipeline_stages"], sms)
+
+    @staticmethod
+    def _forward(plan, call: SoftmaxCall):
+        return _rows_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         return cost.multirow(call, model)

@@ -210,6 +210,21 @@ class CoopPlan:
 chunk_plan = functools.lru_cache(maxsize=4096)(ChunkPlan)
 coop_plan = functools.lru_cache(maxsize=4096)(CoopPlan)
 
+
+@dataclass(frozen=True, eq=False)
+class OnlinePlan:
+    """online's launches for one call under one config: the cooperative kernel, the chunked
+    kernel alone (one program a row), or the split pair (the rows' statistics, then the
+    normalisation). Each launch runs programs_per_row programs for every row."""
+
+    forward: CoopPlan | ChunkPlan  # the launch that writes y
+    stats: ChunkPlan | None  # the split pair's statistics launch (None: one launch)
+    programs_per_row: int
+
+    @property
+    def coop(self) -> bool:
+        return isinstance(self.forward, CoopPlan)
+
 _ONLINE_FWD = plan_launcher(_online_fwd_kernel)
 _SPLIT_STATS = plan_launcher(_split_stats_kernel)
 _SPLIT_NORM = plan_launcher(_split_norm_kernel)
@@ -232,28 +247,56 @@ def coop_split(call: SoftmaxCall, chunk: int) -> int | None:
     return split if 1 < split <= limit else None
 
 
-def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int):
-    """The prepared cooperative forward (a row's programs share their partial maxima and sums,
-    one read): a function x -> y of the call's input."""
-    read, sx, _ = _reader(call)
+def coop_fwd_plan(call: SoftmaxCall, chunk: int, warps: int, sms: int) -> OnlinePlan:
+    """The cooperative forward's launch (a row's programs share their partial maxima and sums,
+    one read), or the chunked one's where the row needs more programs than may run at once."""
+    _, sx, _ = _reader(call)
     n, rows = call.n, call.outer
     split = coop_split(call, chunk)
     if split is None:
         # A cached config of this shape bucket, for a row this chunk size does not suit.
         block = 2048 if call.f64 else 4096
-        return _online_fwd(call, block, 8, OnlineBackend.split_for(call, block, call.info.sm_count))
+        return online_fwd_plan(call, block, 8, OnlineBackend.split_for(call, block, sms))
     a = _align(n, sx)
-    acc = torch.float64 if call.f64 else torch.float32
     ints = (n // a, sx // a, n // a, split, rows)
-    log, f64 = call.log, call.f64
     spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
     fallback = min(chunk, 64 * 32 * warps // 16)
     i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
-    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
-    plan = coop_plan(_read_dtype(call), out_dtype, ints, a, log, f64, chunk, spin, fallback, i64,
-                     warps)
-    launch = _COOP_FWD.bind(plan, (rows * split,), call.info.index)
-    new_y = allocator(shape, out_dtype, device)
+    return OnlinePlan(coop_plan(_read_dtype(call), call.out_dtype, ints, a, call.log, call.f64,
+                                chunk, spin, fallback, i64, warps), None, split)
+
+
+def online_fwd_plan(call: SoftmaxCall, block: int, warps: int, split: int) -> OnlinePlan:
+    """The chunked forward's launches: one program a row, or `split` programs a row with the
+    row's statistics combined by a second kernel."""
+    _, sx, _ = _reader(call)
+    n, rows = call.n, call.outer
+    block = min(block, next_pow2(n))
+    split = max(1, min(split, cdiv(n, block)))
+    a = _align(n, sx)
+    i64 = needs_int64(call.numel + split * block, rows * sx + n)
+    log, f64 = call.log, call.f64
+    in_dtype, out_dtype = _read_dtype(call), call.out_dtype
+    if split == 1:
+        ints = (n // a, sx // a, n // a)
+        return OnlinePlan(chunk_plan(in_dtype, out_dtype, ints, a, log, f64, block, i64, warps),
+                          None, 1)
+    chunk = cdiv(cdiv(n, split), block) * block
+    split = cdiv(n, chunk)
+    stats = (n // a, sx // a, chunk, split)
+    norm = (n // a, sx // a, n // a, chunk, split)
+    return OnlinePlan(chunk_plan(in_dtype, out_dtype, norm, a, log, f64, block, i64, warps),
+                      chunk_plan(in_dtype, None, stats, a, False, f64, block, i64, warps), split)
+
+
+def _coop_fwd(plan: OnlinePlan, call: SoftmaxCall):
+    """The prepared cooperative forward: a function x -> y of the call's input."""
+    read = _reader(call)[0]
+    rows, split, device = call.outer, plan.programs_per_row, call.x.device
+    ints = plan.forward.ints
+    acc = torch.float64 if call.f64 else torch.float32
+    launch = _COOP_FWD.bind(plan.forward, (rows * split,), call.info.index)
+    new_y = allocator(tuple(call.x.shape), call.out_dtype, device)
     new_partials = allocator((2 * rows * split,), acc, device)  # maxima, then sums
     sync_size = 1 + rows  # a ticket, then arrivals a row: zeroed per call
 
@@ -268,32 +311,20 @@ def _coop_fwd(call: SoftmaxCall, chunk: int, warps: int):
     return forward
 
 
-def _online_fwd(call: SoftmaxCall, block: int, warps: int, split: int):
-    """The prepared chunked forward (one program a row, or `split` programs a row with the
-    row's statistics combined by a second kernel): a function x -> y of the call's input."""
-    read, sx, _ = _reader(call)
-    n, rows = call.n, call.outer
-    block = min(block, next_pow2(n))
-    split = max(1, min(split, cdiv(n, block)))
-    a = _align(n, sx)
-    i64 = needs_int64(call.numel + split * block, rows * sx + n)
-    log, f64 = call.log, call.f64
-    in_dtype, out_dtype = _read_dtype(call), call.out_dtype
-    shape, device, index = tuple(call.x.shape), call.x.device, call.info.index
-    if split == 1:
-        ints = (n // a, sx // a, n // a)
-        launch = _ONLINE_FWD.bind(chunk_plan(in_dtype, out_dtype, ints, a, log, f64, block, i64,
-                                             warps), (rows,), index)
-        return _one_launch(read, launch, ints, shape, out_dtype, device)
-    chunk = cdiv(cdiv(n, split), block) * block
-    split = cdiv(n, chunk)
+def _online_fwd(plan: OnlinePlan, call: SoftmaxCall):
+    """The prepared chunked forward (one launch, or the split pair): a function x -> y of the
+    call's input."""
+    read = _reader(call)[0]
+    rows, index = call.outer, call.info.index
+    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
+    if plan.stats is None:
+        launch = _ONLINE_FWD.bind(plan.forward, (rows,), index)
+        return _one_launch(read, launch, plan.forward.ints, shape, out_dtype, device)
+    split = plan.programs_per_row
     acc = torch.float64 if call.f64 else torch.float32
-    stats = (n // a, sx // a, chunk, split)
-    norm = (n // a, sx // a, n // a, chunk, split)
-    launch_stats = _SPLIT_STATS.bind(chunk_plan(in_dtype, None, stats, a, False, f64, block, i64,
-                                                warps), (rows * split,), index)
-    launch_norm = _SPLIT_NORM.bind(chunk_plan(in_dtype, out_dtype, norm, a, log, f64, block, i64,
-                                              warps), (rows * split,), index)
+    stats, norm = plan.stats.ints, plan.forward.ints
+    launch_stats = _SPLIT_STATS.bind(plan.stats, (rows * split,), index)
+    launch_norm = _SPLIT_NORM.bind(plan.forward, (rows * split,), index)
 
     new_y = allocator(shape, out_dtype, device)
     new_stat = allocator((rows * split,), acc, device)
@@ -361,10 +392,14 @@ class OnlineBackend(ForwardBackend):
         return cfgs
 
     @staticmethod
-    def _forward(call: SoftmaxCall, config):
+    def forward_plan(call: SoftmaxCall, config, sms: int) -> OnlinePlan:
         if "chunk" in config:
-            return _coop_fwd(call, config["chunk"], config["num_warps"])
-        return _online_fwd(call, config["block"], config["num_warps"], config["split"])
+            return coop_fwd_plan(call, config["chunk"], config["num_warps"], sms)
+        return online_fwd_plan(call, config["block"], config["num_warps"], config["split"])
+
+    @staticmethod
+    def _forward(plan: OnlinePlan, call: SoftmaxCall):
+        return (_coop_fwd if plan.coop else _online_fwd)(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         coop = self.coop_configs(call)

@@ -12,7 +12,7 @@ from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _one_launch,
                      _online_step, _read_dtype, _reader, _strided_plan, _warps, plan_launcher,
-                     strided_launch_plan)
+                     StridedPlan, strided_launch_plan)
 
 
 @triton.jit
@@ -73,23 +73,28 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
 _STRIDED_FWD = plan_launcher(_strided_fwd_kernel)
 
 
-def _strided_fwd(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int):
-    """The prepared forward over a non-last dim: a function x -> y of the call's input."""
-    read, so, sn = _reader(call)
+def strided_fwd_plan(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int, sms: int
+                     ) -> StridedPlan:
+    """The launch of the forward over a non-last dim (_strided_plan's tile)."""
+    _, so, sn = _reader(call)
     n, inner, outer = call.n, call.inner, call.outer
-    bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, call.info.sm_count, block_i,
-                                   tile)
+    bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, sms, block_i, tile)
     warps = min(32, _warps(bi * bn) * warp_scale)
     n_ib = cdiv(inner, bi)
     a = _align(inner, so, sn)
     ints = (n, inner // a, n_ib, so // a, sn // a)
-    log, f64 = call.log, call.f64
     i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
-    shape, out_dtype, device = tuple(call.x.shape), call.out_dtype, call.x.device
-    plan = strided_launch_plan(_read_dtype(call), out_dtype, None, ints, a, log, f64, bn, bi,
-                               single, i64, warps)
-    launch = _STRIDED_FWD.bind(plan, (outer * n_ib,), call.info.index)
-    return _one_launch(read, launch, ints, shape, out_dtype, device)
+    return strided_launch_plan(_read_dtype(call), call.out_dtype, None, ints, a, call.log,
+                               call.f64, bn, bi, single, i64, warps)
+
+
+def _strided_fwd(plan: StridedPlan, call: SoftmaxCall):
+    """The prepared forward over a non-last dim under its plan: a function x -> y of the call's
+    input. A program per block of inner columns (the plan's third integer) of each outer
+    index."""
+    launch = _STRIDED_FWD.bind(plan, (call.outer * plan.ints[2],), call.info.index)
+    return _one_launch(_reader(call)[0], launch, plan.ints, tuple(call.x.shape), call.out_dtype,
+                       call.x.device)
 
 
 #: The keys of strided's configs.
@@ -119,8 +124,13 @@ class StridedBackend(ForwardBackend):
         return cfgs
 
     @staticmethod
-    def _forward(call: SoftmaxCall, config):
-        return _strided_fwd(call, config["inner_block"], config["tile"], config["warp_scale"])
+    def forward_plan(call: SoftmaxCall, config, sms: int) -> StridedPlan:
+        return strided_fwd_plan(call, config["inner_block"], config["tile"],
+                                config["warp_scale"], sms)
+
+    @staticmethod
+    def _forward(plan, call: SoftmaxCall):
+        return _strided_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX

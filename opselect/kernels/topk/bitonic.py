@@ -110,10 +110,9 @@ class BitonicBackend(PreparedRuns, PlannedBackend):
                 out.append(cfg)
         return out
 
-    def _prepared(self, call: TopkCall, config):
-        """The prepared call (see Backend.bind): a function of the input, everything else
-        worked out here once."""
-        p = self.plan(call, config)
+    def _prepared(self, p, call: TopkCall):
+        """The prepared call (see Backend.bind) under the plan p: a function of the input,
+        everything else worked out here once."""
         read = _reader(call, unit_col=False)[0]
         R = call.R
         new_outputs, finish = _output_maker(call), _output_finisher(call)

@@ -43,6 +43,13 @@ class TopkCall(Call):
     def empty(self) -> bool:
         return self.k == 0 or self.R == 0
 
+    def empty_result(self):
+        if self.nd == 0:
+            return _zero_dim(self)
+        # R rows of k values and int64 indices, shaped as torch's (under autograd the values
+        # are gathered from the input, as every backend's are, for their gradient).
+        return _with_grad(self, _output_finisher(self)(*_output_maker(self)()))
+
     def describe(self) -> str:
         x = self.input
         return (f"input {tuple(x.shape)} {str(x.dtype)[6:]}, k={self.k}, dim={self.dim}"
@@ -210,31 +217,10 @@ def _with_grad(call: TopkCall, out):
     return out
 
 
-def _trivial(call: TopkCall):
-    """0-d inputs and empty results: no kernel to launch."""
-    if call.nd == 0:
-        return torch.topk(call.input, call.k, -1, call.largest, call.sorted)
-    if call.empty:
-        return _with_grad(call, _output_finisher(call)(*_output_maker(call)()))
-    return None
-
-
-def _run(call: TopkCall, prepare, config):
-    """run() of a backend whose prepared call is prepare(call, config): that function on the
-    call's own input (one code path for both), except for calls that launch nothing; under
-    autograd the values are gathered again."""
-    done = _trivial(call)
-    if done is not None:
-        return done
-    return _with_grad(call, prepare(call, config)(call.input))
-
-
-def _bind(call: TopkCall, prepare, config):
-    """bind() of such a backend: None (run() every time) where a call launches nothing or
-    needs autograd (its gather reads the call's own input, which a prepared call never holds)."""
-    if call.nd == 0 or call.empty or _grad(call):
-        return None
-    return prepare(call, config)
+def _zero_dim(call: TopkCall):
+    """A 0-d input (k = 0 or 1 of its one value): torch's own answer, which no kernel needs
+    (and whose shapes, 0-d outputs, the rows view does not describe)."""
+    return torch.topk(call.input, call.k, -1, call.largest, call.sorted)
 
 
 def _torch_topk(call: TopkCall):
@@ -283,11 +269,24 @@ def replay(call: TopkCall) -> tuple[tuple, dict]:
 
 
 class PreparedRuns:
-    """run() and bind() of a backend whose work is its `_prepared(call, config)`, a function of
-    the input (both go through it: one code path for the launch arithmetic)."""
+    """_launch() and bind() of a backend whose work is its `_prepared(plan, call)`, a function
+    of the input: a run and a route both go through it (one code path for the launch
+    arithmetic)."""
 
-    def run(self, call: TopkCall, config):
-        return _run(call, self._prepared, config)
+    def _launch(self, plan, call: TopkCall):
+        if call.nd == 0:
+            return _zero_dim(call)
+        # Under autograd the values are gathered again (_with_grad).
+        return _with_grad(call, self._prepared(plan, call)(call.input))
 
     def bind(self, call: TopkCall, config):
-        return _bind(call, self._prepared, config)
+        return _bind(self, call, config)
+
+
+def _bind(backend, call: TopkCall, config):
+    """bind() of a topk backend: its prepared call under its plan of the call; None (run()
+    every time) where a call launches nothing or needs autograd (its gather reads the call's
+    own input, which a prepared call never holds)."""
+    if call.nd == 0 or call.empty or _grad(call):
+        return None
+    return backend._prepared(backend.plan(call, config), call)

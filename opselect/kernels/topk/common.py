@@ -346,9 +346,8 @@ class _PlannedBackend(PreparedRuns, PlannedBackend):
         return (call.R, call.N, call.k, call.input.dtype, call.sorted, call.largest,
                 _row_stride(call))
 
-    def _checked_plan(self, call: TopkCall, config: dict):
-        """The call's plan; a plan that refuses the call raises with its reason."""
-        p = self.plan(call, config)
+    def _refuse(self, p) -> None:
+        """Raise with the plan's reason where it refuses the call (a config the call does not
+        suit: the dispatcher only runs configs whose plan holds)."""
         if getattr(p, "reason", None):
             raise OpselectError(f"topk {self.name}: {p.reason}")
-        return p

@@ -583,10 +583,10 @@ class MaximaBackend(_PlannedBackend):
     def plan_facts(self, call: TopkCall) -> tuple:
         return super().plan_facts(call) + (_pdl_device(call),)
 
-    def _prepared(self, call: TopkCall, config):
-        """The prepared call (see Backend.bind): a function of the input, everything else
-        worked out here once."""
-        p = self._checked_plan(call, config)
+    def _prepared(self, p, call: TopkCall):
+        """The prepared call (see Backend.bind) under the plan p: a function of the input,
+        everything else worked out here once."""
+        self._refuse(p)
         read = _reader(call, unit_col=True)[0]
         R, N, k, row_stride, flip = call.R, call.N, call.k, p.row_stride, p.flip
         device, index = call.input.device, call.info.index

@@ -607,10 +607,9 @@ class RadixBackend(_PlannedBackend):
         return radix_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms, config,
                           row_stride=_row_stride(call), largest=call.largest)
 
-    def _prepared(self, call: TopkCall, config):
-        """The prepared call (see Backend.bind) in the plan's mode: a function of the input,
-        everything else worked out here once."""
-        p = self.plan(call, config)
+    def _prepared(self, p, call: TopkCall):
+        """The prepared call (see Backend.bind) in the mode of the plan p: a function of the
+        input, everything else worked out here once."""
         read = _reader(call, unit_col=True)[0]
         R, N, k, row_stride, flip = call.R, call.N, call.k, p.row_stride, p.flip
         device, index = call.input.device, call.info.index

@@ -8,7 +8,7 @@ import torch
 
 from ...dispatch.backend import Backend
 from ...heuristics import topk as cost
-from .call import TopkCall, _bind, _trivial
+from .call import TopkCall, _bind, _zero_dim
 
 
 # ---------------------------------------------------------------------------------------------
@@ -22,17 +22,18 @@ class SortBackend(Backend):
     def supports(self, call: TopkCall) -> str | None:
         return None
 
-    def run(self, call: TopkCall, config):
-        # torch.sort records autograd itself: no gather of the values again, unlike _run.
-        done = _trivial(call)
-        return self._prepared(call, config)(call.input) if done is None else done
+    def _launch(self, plan, call: TopkCall):
+        # torch.sort records autograd itself: no gather of the values again, unlike the
+        # Triton backends' _launch (PreparedRuns).
+        return _zero_dim(call) if call.nd == 0 else self._prepared(plan, call)(call.input)
 
     def bind(self, call: TopkCall, config):
-        return _bind(call, self._prepared, config)
+        return _bind(self, call, config)
 
     @staticmethod
-    def _prepared(call: TopkCall, config):
-        """The prepared call (see Backend.bind): a function of the input."""
+    def _prepared(plan, call: TopkCall):
+        """The prepared call (see Backend.bind): a function of the input. (Sort has no plan:
+        torch.sort takes the whole row, whatever the config.)"""
         dim, k, largest = call.dim, call.k, call.largest
         if call.input.dtype.is_floating_point:
             def topk_of_floats(x: torch.Tensor):

@@ -318,10 +318,10 @@ class TournamentBackend(_PlannedBackend):
         return tournament_plan(call.R, call.N, call.k, call.input.dtype, call.sorted, sms,
                                config, row_stride=_row_stride(call), largest=call.largest)
 
-    def _prepared(self, call: TopkCall, config):
-        """The prepared call (see Backend.bind): a function of the input, everything else
-        worked out here once."""
-        p = self._checked_plan(call, config)
+    def _prepared(self, p, call: TopkCall):
+        """The prepared call (see Backend.bind) under the plan p: a function of the input,
+        everything else worked out here once."""
+        self._refuse(p)
         read = _reader(call, unit_col=True)[0]
         device = call.input.device
         new_outputs, finish = _output_maker(call), _output_finisher(call)
