@@ -9,6 +9,7 @@ global loads and stores) and exits non-zero if any kernel fails to compile.
 
     python tools/compile_check.py                 # every op (needs torch and triton, no GPU)
     python tools/compile_check.py isin topk       # some ops
+    python tools/compile_check.py --list permute  # what it would compile, compiling nothing
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Iterator
 
-os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret (before triton is imported)
+if __name__ == "__main__":
+    # Compile, do not interpret (before triton is imported). Only as a program: a test that
+    # imports this module keeps its process's interpreter (and its children's).
+    os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
@@ -68,6 +73,23 @@ def _ptxas_report(ptx: str) -> str:
 
 COMPILED: list[str] = []
 
+#: Calls of ops that have no calibration shapes (permute's cost model fits no device constants):
+#: between them they reach every kernel of the op's backends with the layouts real programs
+#: permute. permute: a square transpose (naive, tiled's square tile), attention heads moved
+#: past the sequence (vectorized's runs), NCHW <-> NHWC of 3 channels (tiled's narrow kernel,
+#: either side), 16-byte elements (2 units a lane), an input that is itself a permuted view,
+#: and sizes of no power of two (masked tile edges).
+CALLS = {
+    "permute": [([[2048, 2048]], torch.float32, {"dims": [1, 0]}),
+                ([[4, 512, 16, 64]], torch.float16, {"dims": [0, 2, 1, 3]}),
+                ([[32, 3, 224, 224]], torch.uint8, {"dims": [0, 2, 3, 1]}),
+                ([[32, 224, 224, 3]], torch.uint8, {"dims": [0, 3, 1, 2]}),
+                ([[1024, 1024]], torch.complex128, {"dims": [1, 0]}),
+                ([[8, 64, 64, 64]], torch.bfloat16, {"dims": [0, 3, 2, 1], "layout": "permuted",
+                                                      "layout_dims": [0, 2, 1, 3]}),
+                ([[1000, 3000]], torch.int8, {"dims": [1, 0]})],
+}
+
 #: Calls at the edges of each op's plans, where the compiler has met different code than at the
 #: calibration shapes (a size specialised to 1 folds loops away: triton 3.6's coalescing pass once
 #: crashed on isin's search kernel with a one-element test set). Taken with --edges.
@@ -104,31 +126,41 @@ def _install() -> None:
     jit.JITFunction.run = compile_only
 
 
-def main(argv: list[str]) -> int:
-    """compile_check.py [op ...] [--edges] [--dtypes float16,bfloat16,...]: every Triton backend
-    of each op on its calibration shapes; --edges adds EDGES; with --dtypes, every case again in
-    each listed dtype (the compiler sees other types: 16-bit floats, 64-bit keys)."""
-    extra: list[torch.dtype] = []
-    edges = "--edges" in argv
-    argv = [a for a in argv if a != "--edges"]
-    if "--dtypes" in argv:
-        i = argv.index("--dtypes")
-        extra = [getattr(torch, name) for name in argv[i + 1].split(",")]
-        argv = argv[:i] + argv[i + 2:]
-    _install()
+@dataclasses.dataclass
+class Run:
+    """One run of a backend that compiles its kernels: a case of an op, prepared as a call on
+    an H100/H200, under one of the backend's configs; or a case that could not be prepared
+    (backend None, `error` says why)."""
+
+    op: str
+    shapes: list
+    dtype: torch.dtype
+    backend: Any = None
+    call: Any = None
+    config: dict | None = None
+    error: str | None = None
+
+
+def cases(op, edges: bool = False, extra: tuple = ()) -> list[tuple]:
+    """(shapes, dtype, options) of the calls compiled for an op: its calibration shapes (or
+    CALLS where it has none), EDGES with --edges, and each of them again in every --dtypes
+    dtype."""
+    found = list(op.calibration) + CALLS.get(op.name, []) + (
+        EDGES.get(op.name, []) if edges else [])
+    return found + [(shapes, d, options) for shapes, _, options in found for d in extra]
+
+
+def runs(names: list[str], edges: bool = False, extra: tuple = ()) -> Iterator[Run]:
+    """Every run main() compiles, in order: per op (all, or those named) and case, each Triton
+    backend that takes the case's call, with each of its configs. One call at a time is made
+    (its tensors live while its runs do)."""
     from opselect.dispatch import all_ops
     from opselect.errors import UnsupportedDType
-    from opselect.kernels._common import Launcher
 
-    Launcher.enabled = False  # every launch through JITFunction.run, which compiles here
-
-    failures = 0
     for op in all_ops():
-        if argv and op.name not in argv:
+        if names and op.name not in names:
             continue
-        cases = list(op.calibration) + (EDGES.get(op.name, []) if edges else [])
-        cases += [(shapes, d, options) for shapes, _, options in cases if extra for d in extra]
-        for shapes, dtype, options in cases:
+        for shapes, dtype, options in cases(op, edges, extra):
             try:
                 args, kwargs = op.sample(shapes, dtype, dict(options), torch.device("cpu"))
                 call = op.prepare(*args, **kwargs)
@@ -137,23 +169,73 @@ def main(argv: list[str]) -> int:
             except UnsupportedDType:
                 continue  # a dtype from --dtypes this op does not take
             except Exception as exc:  # noqa: BLE001
-                print(f"FAIL {op.name} {shapes} {dtype}: sample/prepare: {exc}")
-                failures += 1
+                yield Run(op.name, shapes, dtype, error=f"sample/prepare: {exc}")
                 continue
             for backend in op.backends:
                 if not backend.uses_triton or backend.supports(call) is not None:
                     continue
                 for cfg in backend.configs(call):
-                    COMPILED.clear()
-                    try:
-                        backend.run(call, cfg)
-                    except Exception as exc:  # noqa: BLE001 - report every failure, go on
-                        failures += 1
-                        print(f"FAIL {op.name}/{backend.name} {shapes} {str(dtype)[6:]} {cfg}: "
-                              f"{type(exc).__name__}: {str(exc)[:3000]}")
-                        continue
-                    for line in COMPILED:
-                        print(f"ok   {op.name}/{backend.name:<10} {line}")
+                    yield Run(op.name, shapes, dtype, backend, call, cfg)
+
+
+def launched(run: Run) -> list[tuple[str, tuple, dict]]:
+    """(kernel, grid, constexprs) of each launch the run makes, the launches themselves
+    skipped: what main() would compile for it, on any machine (no driver, no ptxas)."""
+    from opselect.kernels._common import Launcher
+
+    seen: list[tuple[str, tuple, dict]] = []
+    real_call, real_enabled = Launcher.__call__, Launcher.enabled
+
+    def record(self, spec, grid, args, constexprs=None):
+        seen.append((self.fn.__name__, tuple(grid), self._constexprs(spec, constexprs)))
+
+    Launcher.__call__, Launcher.enabled = record, False  # (bound launches go through __call__)
+    try:
+        run.backend.run(run.call, run.config)
+    finally:
+        Launcher.__call__, Launcher.enabled = real_call, real_enabled
+    return seen
+
+
+def main(argv: list[str]) -> int:
+    """compile_check.py [op ...] [--edges] [--dtypes float16,bfloat16,...] [--list]: every
+    Triton backend of each op on its calibration shapes (CALLS where it has none); --edges adds
+    EDGES; with --dtypes, every case again in each listed dtype (the compiler sees other types:
+    16-bit floats, 64-bit keys); --list prints each kernel a run would compile, with its grid
+    and constexprs, and compiles nothing."""
+    extra: list[torch.dtype] = []
+    edges, listing = "--edges" in argv, "--list" in argv
+    argv = [a for a in argv if a not in ("--edges", "--list")]
+    if "--dtypes" in argv:
+        i = argv.index("--dtypes")
+        extra = [getattr(torch, name) for name in argv[i + 1].split(",")]
+        argv = argv[:i] + argv[i + 2:]
+    if not listing:
+        _install()
+        from opselect.kernels._common import Launcher
+
+        Launcher.enabled = False  # every launch through JITFunction.run, which compiles here
+
+    failures = 0
+    for run in runs(argv, edges, tuple(extra)):
+        if run.backend is None:
+            print(f"FAIL {run.op} {run.shapes} {run.dtype}: {run.error}")
+            failures += 1
+            continue
+        COMPILED.clear()
+        try:
+            if listing:
+                COMPILED.extend(f"{kernel:<28} grid={grid} {consts}"
+                                for kernel, grid, consts in launched(run))
+            else:
+                run.backend.run(run.call, run.config)
+        except Exception as exc:  # noqa: BLE001 - report every failure, go on
+            failures += 1
+            print(f"FAIL {run.op}/{run.backend.name} {run.shapes} {str(run.dtype)[6:]} "
+                  f"{run.config}: {type(exc).__name__}: {str(exc)[:3000]}")
+            continue
+        for line in COMPILED:
+            print(f"ok   {run.op}/{run.backend.name:<10} {line}")
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 
