@@ -15,9 +15,7 @@ as a geometric mean, and rows of >= 1024 elements at >= 85% of the copy bandwidt
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -282,15 +280,9 @@ def run_backward(smoke: bool, argv: list[str]) -> dict:
               "note": "bytes = 5 passes over the tensor: x read, y written (forward); y, dy read, "
                       "dx written (backward)"}
     md = harness.markdown(result)
-    blob = json.dumps(result, indent=1, default=harness._json_default)
-    if not args.no_save and not smoke:
-        out = harness.RESULTS / result["gpu"]
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "softmax_backward.json").write_text(blob)
-        (out / "softmax_backward.md").write_text(md)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "softmax_backward.json").write_text(blob)
-        Path(os.environ["OUT"], "softmax_backward.md").write_text(md)
+    # .json and .md, and the chart beside them, as the harness writes the forward's
+    harness.save_result("softmax_backward", result, md, result["gpu"],
+                        not args.no_save and not smoke)
     print(md)
     return result
 

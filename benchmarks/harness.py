@@ -10,7 +10,8 @@ Every provider's output is checked against torch's first; a wrong one is reporte
 
 Each row gets ms per provider, GB/s of the case's minimum traffic, percent of the measured copy
 bandwidth, ratio to torch and the regret of auto (its time over the best backend's). Results go to
-benchmarks/results/<gpu>/<op>.{json,md} and, when $OUT is set, there too.
+benchmarks/results/<gpu>/<op>.{json,md,png} and, when $OUT is set, there too (the PNG, drawn by
+plots.py, where matplotlib is installed).
 
 On a machine without a GPU, --smoke runs tiny cases through the interpreter with wall-clock timing,
 to prove the script works (CI does this); its numbers mean nothing.
@@ -159,6 +160,7 @@ def merge_rows(suite: Suite, args: argparse.Namespace) -> dict:
     md = markdown(result)
     path.write_text(json.dumps(result, indent=1, default=_json_default))
     path.with_suffix(".md").write_text(md)
+    write_png(result, path.with_suffix(".png"))
     print(md)
     return result
 
@@ -251,15 +253,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
               "opselect": opselect.__version__, "date": time.strftime("%Y-%m-%d"),
               "smoke": args.smoke, "repeat": args.repeat, "summary": summary, "rows": rows}
     md = markdown(result)
-    if not args.no_save and not args.smoke:
-        out = RESULTS / slug
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{suite.op}.json").write_text(json.dumps(result, indent=1, default=_json_default))
-        (out / f"{suite.op}.md").write_text(md)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"{suite.op}.json").write_text(
-            json.dumps(result, indent=1, default=_json_default))
-        Path(os.environ["OUT"], f"{suite.op}.md").write_text(md)
+    save_result(suite.op, result, md, slug, not args.no_save and not args.smoke)
     print(md)
     return result
 
@@ -403,7 +397,10 @@ def _json_default(o: Any) -> Any:
 
 
 def save_result(stem: str, result: dict, md: str, gpu: str, save: bool) -> None:
-    """Write <stem>.json and <stem>.md under benchmarks/results/<gpu>/ (when save) and $OUT."""
+    """Write <stem>.json and <stem>.md under benchmarks/results/<gpu>/ (when save) and $OUT, and
+    <stem>.png beside them when the result is a harness table (plots.py)."""
+    import plots  # this folder is on sys.path wherever harness is
+
     text = json.dumps(result, indent=1, default=_json_default)
     places = [RESULTS / gpu] if save else []
     if os.environ.get("OUT"):
@@ -412,6 +409,21 @@ def save_result(stem: str, result: dict, md: str, gpu: str, save: bool) -> None:
         place.mkdir(parents=True, exist_ok=True)
         (place / f"{stem}.json").write_text(text)
         (place / f"{stem}.md").write_text(md)
+        if plots.plottable(result):
+            write_png(result, place / f"{stem}.png")
+
+
+def write_png(result: dict, path: Path) -> None:
+    """The chart of a harness result; never fails the benchmark whose numbers are already saved
+    (no matplotlib, or a plotting error: one line says why there is no PNG)."""
+    import plots
+
+    try:
+        plots.plot(result, path)
+    except ImportError as exc:
+        print(f"# no {path.name}: matplotlib is not installed ({exc})", flush=True)
+    except Exception as exc:  # noqa: BLE001 - a chart is never worth the run's results
+        print(f"# no {path.name}: plotting failed: {type(exc).__name__}: {exc}", flush=True)
 
 
 def main_guard(suite_factory: Callable[[bool], Suite]) -> None:

@@ -3,6 +3,8 @@ on the GPU machine must not rot between GPU sessions."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +14,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _plots():
+    """benchmarks/plots.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("plots", ROOT / "benchmarks" / "plots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _has_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 @pytest.mark.slow  # (make test-all; see the Makefile)
@@ -26,6 +41,63 @@ def test_benchmark_script_smoke(script, tmp_path, cpu_triton):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "!!" not in result.stdout, result.stdout[-3000:]  # a provider was wrong or failed
     assert list(tmp_path.glob("*.json")), "the script wrote no JSON under $OUT"
+    if _has_matplotlib():  # every harness table (softmax's backward one too) has its chart
+        plots = _plots()
+        for md in tmp_path.glob("*.md"):
+            if plots.plottable(json.loads(md.with_suffix(".json").read_text())):
+                assert md.with_suffix(".png").read_bytes().startswith(PNG), md.name
+
+
+def _row(case: str, pct: dict) -> dict:
+    """A row as the harness derives it: a provider without a time is None in ms and absent from
+    pct_copy_bw."""
+    ms = {name: (None if v is None else 1.0 / v) for name, v in pct.items()}
+    return {"case": case, "bytes": 1 << 20, "ms": ms, "errors": {},
+            "pct_copy_bw": {name: v for name, v in pct.items() if v is not None}}
+
+
+def test_plot_draws_every_provider_of_a_harness_result(tmp_path):
+    """A chart of a harness result: a PNG (issue 35), bars for torch, the plain backends, auto
+    and flag_gems; not for per-config columns, nor for a provider no case has a time for; the
+    suite's bandwidth target read from its summary."""
+    pytest.importorskip("matplotlib")
+    plots = _plots()
+    result = {"op": "toy", "device": "NVIDIA H200", "gpu": "h200", "copy_bandwidth_GBps": 4000.0,
+              "summary": {"cases": 3, "target_85pct_copy_bw_min": 40.0,
+                          "targets_met": {"85pct_copy_bw": False, "never_3pct_slower": True}},
+              "rows": [
+                  _row("small", {"torch": 5.0, "fast": 20.0, "slow": None, "fast#0": 19.0,
+                                 "flag_gems": 4.0, "auto-cold": 18.0, "auto-warm": 20.0,
+                                 "never": None}),
+                  _row("big", {"torch": 60.0, "fast": 90.0, "slow": 30.0, "auto-cold": 88.0,
+                               "auto-warm": 91.0, "flag_gems": None, "never": None}),
+                  _row("huge", {"torch": 70.0, "fast": None, "slow": 99.0, "auto-cold": 99.0,
+                                "auto-warm": 101.0}),
+              ]}
+    names, colours = plots.providers(result)
+    assert names == ["torch", "fast", "slow", "auto-cold", "auto-warm", "flag_gems"]
+    assert set(colours) == set(names) and len(set(colours.values())) == len(names)
+    assert plots.targets(result) == [85.0]
+    path = plots.plot(result, tmp_path / "toy.png")
+    data = path.read_bytes()
+    assert data.startswith(PNG) and len(data) > 10_000
+    # what is not a harness table gets no chart
+    assert plots.plottable(result)
+    assert not plots.plottable({"rows": [{"case": "x", "us": 1.0}]})
+    assert not plots.plottable({"report": {}}) and not plots.plottable([1, 2])
+
+
+def test_harness_writes_the_chart_beside_the_table(tmp_path, cpu_triton):
+    """A benchmark's run writes <op>.png next to <op>.md under $OUT (torch only, to be quick)."""
+    pytest.importorskip("matplotlib")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "bench_isin.py"), "--smoke", "--no-save",
+            "--providers", "torch"]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "isin.md").exists()
+    assert (tmp_path / "isin.png").read_bytes().startswith(PNG)
 
 
 def test_bench_random_reports_every_mode(tmp_path, cpu_triton):
