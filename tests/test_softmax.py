@@ -188,8 +188,8 @@ def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
 @pytest.mark.parametrize("chunk", [256, 128])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
-    """Programs sharing a row by tickets. The interpreter runs programs one by one, so only the
-    last ticket of a row finds its siblings arrived (it merges their statistics); the others give
+    """Programs sharing a row. The interpreter runs programs one by one, so only the
+    last program of a row finds its siblings arrived (it merges their statistics); the others give
     up waiting at once and read the whole row: both paths run."""
     grids = spy(monkeypatch, "_coop_fwd_kernel")
     torch.manual_seed(4)
@@ -225,11 +225,10 @@ def test_cooperative_split_limits(cpu_triton, monkeypatch):
     assert "chunk" not in sm.OP.backend("online").configs(call)[0]
     assert sm.coop_split(gpu_call(50257, 132), 8192) == 7
     assert sm.coop_split(gpu_call(16384, 132), 16384) is None  # one chunk: that is fused's job
-    # The cold model runs the smallest chunk a row takes (bench_random on the H200: 4096 x 4
-    # warps tuned on 11 of 17 cooperative calls, 16384 on none).
-    assert sm.OnlineBackend.coop_configs(gpu_call(66117, 132))[0] == {"chunk": 4096,
-                                                                      "num_warps": 4}
-    assert sm.OP.backend("online").configs(gpu_call(66117, 132))[0]["chunk"] == 4096
+    # The cold model runs chunks of 8192 with 8 warps first (fits/softmax.md).
+    assert sm.OnlineBackend.coop_configs(gpu_call(66117, 132))[0] == {"chunk": 8192,
+                                                                      "num_warps": 8}
+    assert sm.OP.backend("online").configs(gpu_call(66117, 132))[0]["chunk"] == 8192
 
 
 def test_cooperative_config_outside_its_limits(cpu_triton, monkeypatch):
@@ -875,3 +874,20 @@ def test_prepared_calls_are_reused_only_for_the_same_layout_and_grad_mode():
     assert sm.prepare_softmax(second, 1, dtype=torch.float64).out_dtype == torch.float64
     with pytest.raises(Exception, match="out of range"):
         sm.prepare_softmax(second, 2)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_cooperative_counters_are_zero_again_after_each_call(cpu_triton, monkeypatch, log):
+    """The cooperative kernel's counters are not zeroed per call: the last program out of a row
+    zeroes them. A prepared call run again on the same counters, with its workspace poisoned,
+    must give the same answer (counters left over would let a program merge statistics its row's
+    programs have not written yet)."""
+    from opselect.kernels import _common
+    monkeypatch.setattr(_common, "POISON", float("nan"))
+    op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+    x = torch.randn(3, 1100) * 4
+    call = op.prepare(x, -1)
+    prepared = op.backend("online").bind(call, {"chunk": 256, "num_warps": 4})
+    for _ in range(3):
+        x = torch.randn(3, 1100) * 4
+        assert_matches(prepared(x), x, -1, log, backend="online coop, again")

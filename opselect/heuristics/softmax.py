@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from .device_model import BOUND_LAUNCH
+from .device_model import ALLOCATION, BOUND_LAUNCH
 
 #: Fraction of the SMs that, each running one large program, saturate DRAM bandwidth.
 SATURATING_FRACTION = 0.6
@@ -50,12 +50,10 @@ MULTIROW_TILE_S = 0.4e-6
 UNALIGNED_EFF = 0.85
 #: Fraction of the copy bandwidth a single-pass Triton kernel reaches.
 TRITON_EFF = 0.92
-#: Host seconds of a Triton backend's call beyond its launches and allocations (the checks and
-#: plan on the way, the operand and output handling). Taken from measured tiny calls, not from
-#: counting the Python: the counted launch and allocation fall well short of what those calls
-#: take, and without this term the cold model sends tiny calls to a Triton backend that torch
-#: runs several times faster (fits/softmax.md, "TRITON_GLUE_HOST").
-TRITON_GLUE_HOST = 22e-6
+#: Host seconds of a Triton backend's call beyond its launches and allocations (the public
+#: function's checks, key and lookup, and the prepared call's Python): what a repeated fused
+#: call took beyond them (fits/softmax.md, "TRITON_GLUE_HOST").
+TRITON_GLUE_HOST = 3.5e-6
 #: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++),
 #: forward and backward together. Taken from the floor of measured forward + backward calls, not
 #: from counting the Python (which explains about a quarter of it; the rest is not profiled yet):
@@ -135,7 +133,7 @@ def _host(call, model, *, kernels: int = 1, allocations: int = 1) -> float:
     """Host seconds of a Triton backend: its launches (bound: kernels/_common.py), torch
     allocations, the cast or copy done by torch first, the autograd.Function, and the Python
     around them as measured (TRITON_GLUE_HOST)."""
-    host = TRITON_GLUE_HOST + kernels * BOUND_LAUNCH + allocations * _torch_launch(model)
+    host = TRITON_GLUE_HOST + kernels * BOUND_LAUNCH + allocations * ALLOCATION
     if call.cast_first or not call.fast:
         host += _torch_launch(model)
     if call.grad:
@@ -342,7 +340,7 @@ def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> floa
 def torch_(call, model, plan=None):
     op = _name(call)
     n, numel = call.n, call.numel
-    host = 2 * _torch_launch(model)  # the op and its output's allocation
+    host = _torch_launch(model)  # the op (its output's allocation is inside it)
     if numel == 0:
         return model.estimate(op, "torch", triton=False, launch=host)
     e_x, e_out = call.x.dtype.itemsize, call.out_dtype.itemsize
@@ -436,8 +434,8 @@ def online(call, model, *, split: int, cooperative: bool = False,
     op = _name(call)
     if cooperative:
         # One read and one write; the programs of a row wait for each other (a few us per wave
-        # of rows), and the counters are zeroed by one more launch.
-        host = _host(call, model, kernels=2, allocations=3)
+        # of rows). The counters are zeroed by the kernel itself.
+        host = _host(call, model, kernels=1, allocations=2)
         if call.numel == 0:
             return model.estimate(op, "online", triton=True, launch=host)
         parts = _prepass(call, model)

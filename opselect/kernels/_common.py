@@ -69,6 +69,29 @@ def allocator(shape, dtype: torch.dtype, device) -> Callable[[], torch.Tensor]:
     return functools.partial(torch.empty, *sizes, dtype=dtype, device=device)
 
 
+def stream_counters(size: int, device) -> Callable[[], torch.Tensor]:
+    """A function () -> `size` int32 counters, zero, for the current stream: kernels whose
+    programs wait for each other count arrivals there and the last program out zeroes them
+    again, so no memset runs per call. One buffer per stream, because launches on one stream
+    never overlap, and launches on two may. A buffer first asked for while the stream is being
+    captured into a CUDA graph is a new zeroed one each call (the graph replays its zeroing): a
+    cached one made then would be zeroed only when the graph first runs."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else 0
+    by_stream: dict[int, torch.Tensor] = {}
+
+    def counters() -> torch.Tensor:
+        stream = _stream_of(index) if device.type == "cuda" else 0
+        found = by_stream.get(stream)
+        if found is None:
+            found = torch.zeros(size, dtype=torch.int32, device=device)
+            if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                by_stream[stream] = found
+        return found
+
+    return counters
+
+
 def flat(t: torch.Tensor) -> torch.Tensor:
     """A contiguous 1-d view of t (a copy only when t is not contiguous)."""
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1)

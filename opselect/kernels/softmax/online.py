@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
-from .._common import allocator, cdiv, needs_int64, next_pow2
+from .._common import allocator, cdiv, needs_int64, next_pow2, stream_counters
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
@@ -102,43 +102,48 @@ def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split
 
 
 @triton.jit
-def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, rows,
+def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, rows,
                      align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
                      chunk: tl.constexpr, split_padded: tl.constexpr, spin_limit: tl.constexpr,
                      fallback_block: tl.constexpr, offsets_64bit: tl.constexpr):
-    """online, cooperative: `split` programs share a row, each holding one chunk of it in
-    registers. Each publishes its chunk's (max, sum), waits for the row's other chunks, merges
-    and normalises its registers: one read and one write of the row, in one launch.
+    """online, cooperative: `split` programs share a row, each holding one chunk of it, and its
+    exp(x - chunk max), in registers. Each publishes its chunk's (max, sum), waits for the row's
+    other chunks, merges and rescales its registers: one read, one write and one exp an element,
+    in one launch.
 
-    Chunks are handed out by ticket (an atomic counter), not by program id, so they go to
-    programs in the order the programs start: a program that waits holds the last ticket taken
-    so far of its row, and the row's remaining tickets go to programs that are running or start
-    next. At least `split` programs run at once (split <= SM count), so the wait ends. If it ever
-    does not (spin_limit polls: another kernel holding the SMs, or the interpreter, which runs
-    programs one by one), the program reads its whole row to compute the statistics itself:
-    slower, never wrong and never hung."""
+    A row's programs are consecutive, and the GPU starts programs in order, so a program waits
+    only for programs that run or start next; at least `split` run at once (split <= SM count).
+    If the wait ever outlasts spin_limit polls (another kernel holding the SMs; the interpreter,
+    which runs programs one by one), the program reads its row again to compute the statistics
+    itself: slower, never wrong, never hung.
+
+    count_ptr holds each row's arrivals, then its departures; the last program to leave a row
+    sets both back to 0, so the counters are zero at every launch with no memset (they belong
+    to one stream: launches on it never overlap)."""
     N = n_q * align
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    row, part = _row_and_part(ticket, split, offsets_64bit)
+    row, part = _row_and_part(tl.program_id(0), split, offsets_64bit)
     x_row = x_ptr + row * sx_q * align
     y_row = y_ptr + row * sy_q * align
     offs = part * chunk + tl.arange(0, chunk)
     mask = offs < N
     x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), f64)
     big = tl.max(x, axis=0)
-    # -inf lanes add nothing (an all -inf chunk has big = -inf, and -inf - -inf would be NaN).
-    total = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - big)), axis=0)
+    # An all -inf chunk (big = -inf) gets exp(x - 0) = 0 everywhere; NaN stays NaN.
+    shift = tl.where(big == float("-inf"), 0.0, big)
+    z = x - shift
+    e = tl.exp(z)
+    total = tl.sum(e, axis=0)
     one = tl.arange(0, 1)
     slot = row * split + part
     tl.store(part_ptr + slot + one, big + tl.zeros([1], big.dtype))
     tl.store(part_ptr + rows * split + slot + one, total + tl.zeros([1], total.dtype))
     tl.debug_barrier()  # every thread's stores precede the release below
-    counter = sync_ptr + 1 + row
-    tl.atomic_add(counter, 1, sem="release")
-    arrived = tl.atomic_add(counter, 0, sem="acquire")
+    arrivals = count_ptr + row
+    tl.atomic_add(arrivals, 1, sem="release")
+    arrived = tl.atomic_add(arrivals, 0, sem="acquire")
     polls = tl.full([], 0, tl.int32)
     while (arrived < split) & (polls < spin_limit):
-        arrived = tl.atomic_add(counter, 0, sem="acquire")
+        arrived = tl.atomic_add(arrivals, 0, sem="acquire")
         polls += 1
     if arrived >= split:
         k = tl.arange(0, split_padded)
@@ -149,7 +154,6 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
                      cache_modifier=".cg")
         row_max, row_sum = _merge(pm, ps, 0)
     else:
-        # (a narrower block than the chunk: x stays live in registers meanwhile)
         cols = tl.arange(0, fallback_block)
         m = _acc(tl.full([fallback_block], float("-inf"), tl.float32), f64)
         t = _acc(tl.zeros([fallback_block], tl.float32), f64)
@@ -158,8 +162,17 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, sync_ptr, n_q, sx_q, sy_q, split, r
             m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
                                            f64))
         row_max, row_sum = _merge(m, t, 0)
-    tl.store(y_row + offs, _cast_for(_finish(x, row_max, row_sum, log), y_ptr),
-             mask=mask)
+    if log:
+        out = z - ((row_max - shift) + tl.log(row_sum))
+    else:
+        # exp(x - row max) / sum = e * exp(chunk max - row max) / sum: no second exp an element.
+        # A row of -inf gives NaN (row max -inf, sum 0), as torch.
+        out = e * (tl.exp(shift - row_max) / row_sum)
+    tl.store(y_row + offs, _cast_for(out, y_ptr), mask=mask)
+    departures = count_ptr + rows + row
+    if tl.atomic_add(departures, 1, sem="acq_rel") == split - 1:
+        tl.atomic_xchg(arrivals, 0, sem="relaxed")
+        tl.atomic_xchg(departures, 0, sem="relaxed")
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,6 +237,7 @@ class OnlinePlan:
     @property
     def coop(self) -> bool:
         return isinstance(self.forward, CoopPlan)
+
 
 _ONLINE_FWD = plan_launcher(_online_fwd_kernel)
 _SPLIT_STATS = plan_launcher(_split_stats_kernel)
@@ -298,14 +312,13 @@ def _coop_fwd(plan: OnlinePlan, call: SoftmaxCall):
     launch = _COOP_FWD.bind(plan.forward, (rows * split,), call.info.index)
     new_y = allocator(tuple(call.x.shape), call.out_dtype, device)
     new_partials = allocator((2 * rows * split,), acc, device)  # maxima, then sums
-    sync_size = 1 + rows  # a ticket, then arrivals a row: zeroed per call
+    counters = stream_counters(2 * rows, device)  # arrivals, then departures, per row
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:
             x = read(x)
         y = new_y()
-        sync = torch.zeros(sync_size, dtype=torch.int32, device=device)
-        launch(x, y, new_partials(), sync, *ints)
+        launch(x, y, new_partials(), counters(), *ints)
         return y
 
     return forward
@@ -369,12 +382,11 @@ class OnlineBackend(ForwardBackend):
     @staticmethod
     def coop_configs(call: SoftmaxCall) -> list[dict]:
         """Cooperative rows (one read): chunks of 4K-16K values (the first whose row fits in one
-        program per SM is what the cold model runs). Smallest chunks first: tuning chose 4096 x 4
-        warps on most cooperative calls and 16384 on none, and 16384 first made the cold choice
-        up to 1.5x slower (benchmarks/results/h200/fits/softmax.md, "online: cooperative chunk
-        order")."""
+        program per SM is what the cold model runs). 8192 x 8 warps first: it was the fastest
+        chunk on vocabulary rows from 64 to 4096 rows, 4096 on fewer rows
+        (benchmarks/results/h200/fits/softmax.md, "online: cooperative chunk order")."""
         wide = 2 if call.f64 else 1
-        shapes = ((4096, 4), (8192, 8), (8192, 16), (16384, 16))  # (chunk, warps)
+        shapes = ((8192, 8), (4096, 4), (4096, 8), (16384, 16))  # (chunk, warps)
         return [{"chunk": c // wide, "num_warps": w} for c, w in shapes
                 if coop_split(call, c // wide)]
 
