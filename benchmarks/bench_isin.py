@@ -57,6 +57,11 @@ FULL = [
     (16 * M, 1_000_000, torch.float32, "narrow"),
     (64 * M, 1_000_000, torch.float32, "wide"),
     (1_000_000, 16_000_000, torch.float32, "wide"),
+    # Up to 1,024 wide test values (issue 35): a set small enough to hold on chip
+    (16 * M, 256, torch.int64, "wide"),
+    (4 * M, 512, torch.int64, "wide"),
+    (64 * M, 1024, torch.int64, "wide"),
+    (1_000_000, 1024, torch.int64, "wide"),
 ]
 SMOKE = [(300, 16, torch.int32, "wide"), (500, 200, torch.int64, "narrow"),
          (400, 30, torch.float32, "wide")]

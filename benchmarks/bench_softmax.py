@@ -52,6 +52,16 @@ FORWARD = [
     ((1048576, 64), -1, BF16, None),
     ((65536, 1000), -1, F16, None),         # not a power of two
     ((4096, 50257), -1, BF16, None),        # a vocabulary: rows not 16-byte aligned
+    # Language-model heads (issue 35): vocabularies of Llama-3, GPT-2, Llama-2, Qwen, from a
+    # training batch's rows down to a decode step's few
+    ((4096, 128256), -1, BF16, None),
+    ((8192, 50257), -1, F16, None),
+    ((16384, 32000), -1, BF16, None),
+    ((1024, 151936), -1, F32, None),
+    ((256, 151936), -1, BF16, None),
+    ((64, 128256), -1, BF16, None),
+    ((8, 128256), -1, BF16, None),
+    ((1, 151936), -1, F32, None),
     ((64, 512, 512), 1, F32, None),
     ((64, 512, 512), 1, BF16, None),
     ((256, 64, 1024), 0, F32, None),

@@ -216,6 +216,13 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
                 providers[peer] = (lambda f: lambda: f(*a, **kw))(fn)
         for name, fn in providers.items():
             row["ms"][name] = time_checked(name, fn, ref, inputs, suite.check, time_ms, row)
+        if wanted("copy") and case.nbytes >= 2:
+            # A copy of the same traffic (half read, half written): what memory gives at this
+            # size, launch and ramp included. Small cases stay well under the copy bandwidth
+            # measured on 256 MB, whatever the kernel.
+            src = torch.empty(case.nbytes // 2, dtype=torch.uint8, device=device)
+            row["ms"]["copy"] = time_ms(src.clone)
+            del src
         if wanted("auto-cold"):
             _fresh_cache("cold")
             row["auto_cold_choice"] = op.explain(*a, **kw).choice
@@ -302,6 +309,8 @@ def _derive(row: dict, op, bw: float) -> None:
     row["best_backend"], row["best_ms"] = best[1], best[0]
     row["GBps"] = {k: row["bytes"] / (v / 1e3) / 1e9 for k, v in done.items()}
     row["pct_copy_bw"] = {k: 100 * row["bytes"] / (v / 1e3) / bw for k, v in done.items()}
+    copy = done.get("copy")
+    row["pct_same_size_copy"] = {k: 100 * copy / v for k, v in done.items()} if copy else {}
     t = done.get("torch")
     row["speedup_vs_torch"] = {k: t / v for k, v in done.items()} if t else {}
     if best[0]:
@@ -364,17 +373,21 @@ def markdown(result: dict) -> str:
            f"torch {result['torch']}, triton {result['triton']}, opselect {result['opselect']}, "
            f"{result['date']}. Copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s (read + "
            "write). Median ms of do_bench (best of the run's --repeat medians); `%bw` is the case's minimum traffic over the copy "
-           "bandwidth; `xtorch` is torch's time over auto-warm's.",
+           "bandwidth; `%copy` is the `copy` column's time (a copy of the same traffic) over "
+           "auto-warm's; `xtorch` is torch's time over auto-warm's.",
            "",
-           "| case | " + " | ".join(names) + " | best | cold pick | warm pick | auto %bw | xtorch |",
-           "|---" * (len(names) + 6) + "|"]
+           "| case | " + " | ".join(names) +
+           " | best | cold pick | warm pick | auto %bw | auto %copy | xtorch |",
+           "|---" * (len(names) + 7) + "|"]
     for r in rows:
         cells = [("-" if r["ms"].get(n) is None else f"{r['ms'][n]:.4g}") for n in names]
         pct = r["pct_copy_bw"].get("auto-warm")
+        at_size = r.get("pct_same_size_copy", {}).get("auto-warm")
         sp = r["speedup_vs_torch"].get("auto-warm")
         out.append(f"| {r['case']} | " + " | ".join(cells) +
                    f" | {r.get('best_backend') or '-'} | {r.get('auto_cold_choice', '-')} | "
                    f"{r.get('auto_warm_choice', '-')} | {'-' if pct is None else f'{pct:.1f}'} | "
+                   f"{'-' if at_size is None else f'{at_size:.0f}'} | "
                    f"{'-' if sp is None else f'{sp:.2f}'} |")
     out += ["", "## Summary", ""]
     for k, v in result["summary"].items():
