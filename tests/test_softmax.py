@@ -891,3 +891,47 @@ def test_cooperative_counters_are_zero_again_after_each_call(cpu_triton, monkeyp
     for _ in range(3):
         x = torch.randn(3, 1100) * 4
         assert_matches(prepared(x), x, -1, log, backend="online coop, again")
+
+
+@pytest.mark.gpu
+def test_cooperative_softmax_on_two_streams_at_once_and_in_a_graph(cuda):
+    """The cooperative kernel keeps its counters and partial sums in one set per stream (no
+    memset, no allocation per call). Two streams running the same prepared call at once must
+    not share a set, nor a CUDA graph's replay (on another stream) the set of eager calls on the
+    stream it was captured on."""
+    from opselect.kernels.softmax import SOFTMAX_OP
+    torch.manual_seed(0)
+    x = torch.randn(96, 50000, device=cuda)
+    call = SOFTMAX_OP.prepare(x, -1)
+    forward = SOFTMAX_OP.backend("online").bind(call, {"chunk": 8192, "num_warps": 8})
+    xs = [torch.randn_like(x) * (j + 1) for j in range(2)]
+    expected = [torch.softmax(v, -1) for v in xs]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs: list[list] = [[], []]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):
+        for j, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                outs[j].append(forward(xs[j]))
+    torch.cuda.synchronize()
+    for j in range(2):
+        for y in outs[j]:
+            torch.testing.assert_close(y, expected[j])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward(xs[0])  # the side stream's own set, made before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = forward(xs[0])
+    eager = []
+    for _ in range(10):
+        graph.replay()  # on the current stream, while the side stream runs eager calls
+        with torch.cuda.stream(side):
+            eager.append(forward(xs[1]))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, expected[0])
+    for y in eager:
+        torch.testing.assert_close(y, expected[1])

@@ -69,27 +69,39 @@ def allocator(shape, dtype: torch.dtype, device) -> Callable[[], torch.Tensor]:
     return functools.partial(torch.empty, *sizes, dtype=dtype, device=device)
 
 
-def stream_counters(size: int, device) -> Callable[[], torch.Tensor]:
-    """A function () -> `size` int32 counters, zero, for the current stream: kernels whose
-    programs wait for each other count arrivals there and the last program out zeroes them
-    again, so no memset runs per call. One buffer per stream, because launches on one stream
-    never overlap, and launches on two may. A buffer first asked for while the stream is being
-    captured into a CUDA graph is a new zeroed one each call (the graph replays its zeroing): a
-    cached one made then would be zeroed only when the graph first runs."""
+def per_stream(device, make: Callable[[], tuple]) -> Callable[[], tuple]:
+    """A function () -> make()'s buffers for the current stream, made once per stream: the
+    counters that kernels whose programs wait for each other count arrivals in (zeroed again by
+    their last program out, so no memset runs per call) and scratch written and read within one
+    launch (no allocation per call). One set per stream, because launches on one stream never
+    overlap, and launches on two may. While a stream is captured into a CUDA graph every call
+    gets a set of its own, which the graph keeps (its replays may run on another stream)."""
     device = torch.device(device)
     index = device.index if device.index is not None else 0
-    by_stream: dict[int, torch.Tensor] = {}
+    cuda = device.type == "cuda"
+    by_stream: dict[int, tuple] = {}
 
-    def counters() -> torch.Tensor:
-        stream = _stream_of(index) if device.type == "cuda" else 0
+    def buffers() -> tuple:
+        if cuda:
+            if _capturing():
+                return make()
+            stream = _stream_of(index)
+        else:
+            stream = 0
         found = by_stream.get(stream)
         if found is None:
-            found = torch.zeros(size, dtype=torch.int32, device=device)
-            if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-                by_stream[stream] = found
+            found = by_stream[stream] = make()
         return found
 
-    return counters
+    return buffers
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (the C function, looked up once)."""
+    global _capturing
+    _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                         torch.cuda.is_current_stream_capturing)
+    return _capturing()
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:

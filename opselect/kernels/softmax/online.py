@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
-from .._common import allocator, cdiv, needs_int64, next_pow2, stream_counters
+from .._common import allocator, cdiv, needs_int64, next_pow2, per_stream
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
@@ -311,14 +311,17 @@ def _coop_fwd(plan: OnlinePlan, call: SoftmaxCall):
     acc = torch.float64 if call.f64 else torch.float32
     launch = _COOP_FWD.bind(plan.forward, (rows * split,), call.info.index)
     new_y = allocator(tuple(call.x.shape), call.out_dtype, device)
-    new_partials = allocator((2 * rows * split,), acc, device)  # maxima, then sums
-    counters = stream_counters(2 * rows, device)  # arrivals, then departures, per row
+    # Per row: the programs' maxima, then their sums; arrivals, then departures.
+    new_partials = allocator((2 * rows * split,), acc, device)
+    buffers = per_stream(device, lambda: (new_partials(),
+                                          torch.zeros(2 * rows, dtype=torch.int32, device=device)))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:
             x = read(x)
         y = new_y()
-        launch(x, y, new_partials(), counters(), *ints)
+        partials, counters = buffers()
+        launch(x, y, partials, counters, *ints)
         return y
 
     return forward
