@@ -337,6 +337,12 @@ def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> floa
     return waves * passes * _cdiv(n, dim_threads) * step
 
 
+#: Elements a second torch's softmax block gets through on a row too long for its registers
+#: (three passes): 8 x 128256 bfloat16 took 37.8 us and 1 x 151936 float32 50.3 on the H200, a
+#: block per row whatever the bytes (fits/softmax.md, "TORCH_ROW_ELEMENTS_PER_S").
+TORCH_ROW_ELEMENTS_PER_S = 3.2e9
+
+
 def torch_(call, model, plan=None):
     op = _name(call)
     n, numel = call.n, call.numel
@@ -370,11 +376,18 @@ def torch_(call, model, plan=None):
             reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
             reads, eff = 3.0 - 2.0 * reuse, TORCH_BLOCK_EFF
             parts["l2"] = numel * 2.0 * reuse * e_in / model.l2_bandwidth
+            # One block walks a row three times, at a rate of its own: with fewer rows than
+            # blocks in flight that rate, not the bandwidth, sets the time (fits/softmax.md,
+            # "TORCH_ROW_ELEMENTS_PER_S").
+            waves = math.ceil(call.outer / (2 * model.sm_count))
+            parts["rows"] = waves * n / TORCH_ROW_ELEMENTS_PER_S
         programs = call.outer
     else:
         reads, eff = TORCH_SPATIAL_READS, TORCH_BLOCK_EFF
         programs = call.outer * call.inner / 32
     parts["memory"] = model.stream(numel * (reads * e_in + e_out)) / (eff * _busy(model, programs))
+    if "rows" in parts:  # (the longer of the two, not their sum)
+        parts["rows"] = max(0.0, parts["rows"] - parts["memory"])
     if call.inner > 1:
         # The forward walks the dim three times (max, sum, write): with few columns and a long
         # dim that latency, not the bytes, sets the time, and can be far longer than the bytes
