@@ -1212,3 +1212,23 @@ def test_negative_nans_are_the_largest_values_in_every_backend(cuda, dtype, bits
         finite = ~want.values.isnan()
         assert torch.equal(got.values[finite], want.values[finite]), backend
         assert torch.equal(x.gather(1, got.indices).isnan(), want.values.isnan()), backend
+
+
+def test_tournament_tickets_are_zero_again_after_each_call(cpu_triton):
+    """A shared row's programs take tickets in the stream's workspace, kept between calls; the
+    row's last program zeroes its ticket again. A prepared call run again on fresh inputs must
+    find its last program again (tickets left over would make no program, or the wrong one,
+    merge the row's winners)."""
+    op = K.OP
+    x = torch.randn(3, 700)
+    call = op.prepare(x, 5)
+    backend = op.backend("tournament")
+    config = backend.configs(call)[0]
+    assert backend.plan(call, config).shared
+    prepared = backend.bind(call, config)
+    for _ in range(3):
+        x = torch.randn(3, 700)
+        values, indices = prepared(x)
+        expected = torch.topk(x, 5)
+        assert torch.equal(values, expected.values)
+        assert torch.equal(x.gather(1, indices), values)

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ...heuristics import topk as cost
-from .._common import allocator, cdiv, next_pow2
+from .._common import allocator, cdiv, next_pow2, per_stream
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _row_stride,
                      _select, _take_k, _write_out, check_config, plan_launcher)
@@ -148,6 +148,9 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
             tl.debug_barrier()
             _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, sort, k_padded,
                        finish_tile)
+            # Every program of the row has taken its ticket: back to zero for the next launch
+            # (the workspace is the stream's, kept between calls).
+            tl.atomic_xchg(ws_ptr.to(tl.pointer_type(tl.int32)) + r64, 0, sem="relaxed")
     else:
         _write_out(x_ptr, row_off, idx_ptr + r64 * k, val_ptr + r64 * k, k, sort, k_padded,
                    k_padded)
@@ -327,19 +330,23 @@ class TournamentBackend(_PlannedBackend):
         new_outputs, finish = _output_maker(call), _output_finisher(call)
         launch = _TOURNAMENT.bind(p, (call.R, p.programs_per_row), call.info.index)
         offsets, size = p.workspace_offsets, p.workspace_elements
+        # The stream's workspace, kept between calls: every part is written before it is read
+        # within a launch, and a shared row's last program zeroes its ticket again.
         new_ws = allocator((size,), torch.int64, device)
-        # The per-row tickets of shared rows start at zero.
-        tickets = offsets[0] if p.programs_per_row > 1 else 0
+
+        def make_workspace():
+            ws = new_ws()
+            ws[:offsets[0]].zero_()
+            return (ws,)
+
+        workspace = per_stream(device, make_workspace)
         ints = (call.N, p.row_stride, call.k, p.chunk, p.programs_per_row, p.flip)
 
         def topk(x: torch.Tensor):
             if read is not None:
                 x = read(x)
             values, indices = new_outputs()
-            ws = new_ws()
-            if tickets:
-                ws[:tickets].zero_()
-            launch(x, ws, *offsets, values, indices, *ints)
+            launch(x, workspace()[0], *offsets, values, indices, *ints)
             return finish(values, indices)
 
         return topk
