@@ -25,10 +25,9 @@ Under autograd (call.grad) tuning times the forward and the backward (kernels/so
     (dx read and written once more).
 The autograd engine's own host time is the same whichever backend ran, and is left out.
 
-The constants below are first guesses from the kernels' structure, except those fitted to
-measured calls: each of these names its heading in benchmarks/results/h200/fits/softmax.md (as
-`fits/softmax.md, "HEADING"`), which keeps the measurements. `opselect calibrate` fits one scale
-per backend on top, and the tune cache replaces the model wherever a call was measured.
+The constants are first guesses from the kernels' structure, except those fitted to measured
+calls, which name their heading in benchmarks/results/h200/fits/softmax.md. `opselect calibrate`
+fits one scale per backend on top; the tune cache replaces the model where a call was measured.
 """
 
 from __future__ import annotations
@@ -37,12 +36,10 @@ import math
 
 from .device_model import ALLOCATION, BOUND_LAUNCH
 
-#: Fraction of the SMs that, each running one large program, saturate DRAM bandwidth.
-SATURATING_FRACTION = 0.6
+SATURATING_FRACTION = 0.6  # of the SMs, each running one large program, that saturate DRAM
 #: Fraction of L2 that re-reads can count on (the rest holds other traffic and the output).
 L2_USABLE = 0.5
-#: Latency of one tile in the fused kernel (load, two block reductions, store), when it cannot be
-#: overlapped by other programs: paid tiles / resident programs times.
+#: Latency of one fused tile (load, two block reductions, store) others cannot overlap.
 FUSED_TILE_S = 0.6e-6
 #: The same for a multirow tile (its reductions stay inside a warp or two).
 MULTIROW_TILE_S = 0.4e-6
@@ -50,9 +47,8 @@ MULTIROW_TILE_S = 0.4e-6
 UNALIGNED_EFF = 0.85
 #: Fraction of the copy bandwidth a single-pass Triton kernel reaches.
 TRITON_EFF = 0.92
-#: Host seconds of a Triton backend's call beyond its launches and allocations (the public
-#: function's checks, key and lookup, and the prepared call's Python): what a repeated fused
-#: call took beyond them (fits/softmax.md, "TRITON_GLUE_HOST").
+#: Host seconds of a Triton backend's call beyond its launches and allocations: what a repeated
+#: fused call took beyond them (fits/softmax.md, "TRITON_GLUE_HOST").
 TRITON_GLUE_HOST = 3.5e-6
 #: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++),
 #: forward and backward together. Taken from the floor of measured forward + backward calls, not
@@ -337,9 +333,8 @@ def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> floa
     return waves * passes * _cdiv(n, dim_threads) * step
 
 
-#: Elements a second torch's softmax block gets through on a row too long for its registers
-#: (three passes): 8 x 128256 bfloat16 took 37.8 us and 1 x 151936 float32 50.3 on the H200, a
-#: block per row whatever the bytes (fits/softmax.md, "TORCH_ROW_ELEMENTS_PER_S").
+#: Elements a second one torch softmax block takes on a row too long for its registers
+#: (fits/softmax.md, "TORCH_ROW_ELEMENTS_PER_S").
 TORCH_ROW_ELEMENTS_PER_S = 3.2e9
 
 
@@ -376,9 +371,8 @@ def torch_(call, model, plan=None):
             reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
             reads, eff = 3.0 - 2.0 * reuse, TORCH_BLOCK_EFF
             parts["l2"] = numel * 2.0 * reuse * e_in / model.l2_bandwidth
-            # One block walks a row three times, at a rate of its own: with fewer rows than
-            # blocks in flight that rate, not the bandwidth, sets the time (fits/softmax.md,
-            # "TORCH_ROW_ELEMENTS_PER_S").
+            # A block walks a row three times at a rate of its own: with few rows, that rate
+            # sets the time, not the bandwidth.
             waves = math.ceil(call.outer / (2 * model.sm_count))
             parts["rows"] = waves * n / TORCH_ROW_ELEMENTS_PER_S
         programs = call.outer
@@ -386,7 +380,7 @@ def torch_(call, model, plan=None):
         reads, eff = TORCH_SPATIAL_READS, TORCH_BLOCK_EFF
         programs = call.outer * call.inner / 32
     parts["memory"] = model.stream(numel * (reads * e_in + e_out)) / (eff * _busy(model, programs))
-    if "rows" in parts:  # (the longer of the two, not their sum)
+    if "rows" in parts:  # (the longer of the two)
         parts["rows"] = max(0.0, parts["rows"] - parts["memory"])
     if call.inner > 1:
         # The forward walks the dim three times (max, sum, write): with few columns and a long
@@ -446,9 +440,9 @@ def online(call, model, *, split: int, cooperative: bool = False,
            chunk: int = COOP_WAIT_CHUNK):
     op = _name(call)
     if cooperative:
-        # One read and one write; the programs of a row wait for each other (a few us per wave
-        # of rows). The counters are zeroed by the kernel itself.
-        host = _host(call, model, kernels=1, allocations=2)
+        # One read and one write; a row's programs wait for each other, a few us per wave of
+        # rows. The partial sums and counters are the stream's, kept between calls.
+        host = _host(call, model, kernels=1, allocations=1)
         if call.numel == 0:
             return model.estimate(op, "online", triton=True, launch=host)
         parts = _prepass(call, model)
