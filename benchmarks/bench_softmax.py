@@ -204,8 +204,10 @@ def _fwd_bwd(forward):
     return run
 
 
-def run_backward(smoke: bool, argv: list[str]) -> dict:
+def run_backward(smoke: bool, argv: list[str]) -> dict | None:
     args = harness.parse_args(argv)
+    if args.merge_rows:
+        return None  # (the forward's rows folded in; nothing runs)
     import opselect
     from opselect import ops
     from opselect.warm import warm_call
