@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -95,8 +96,12 @@ class Backend:
         return None
 
     def cost(self, call: Any, model: Any) -> Estimate:
+        """The cost model's estimate of this backend on the call: `estimate(call, model, plan)`
+        with the plan of the first config. A backend without one (a plug-in's that set no
+        `estimate` and did not override cost) is unknown to the model (infinite seconds): the
+        cold choice stays with the others, and tuning, which measures it, decides."""
         if self.estimate is None:
-            raise NotImplementedError(f"{type(self).__name__} has no cost model")
+            return Estimate(math.inf, notes=("no cost model: ranked by tuning only",))
         # The model's SM count, not the call's device: explain() may ask about another GPU.
         plan = self.plan(call, self.configs(call)[0], sms=max(1, int(model.sm_count)))
         return self.estimate(call, model, plan)

@@ -96,6 +96,8 @@ class Decision:
                 mark,
                 c.name,
                 "yes" if c.supported else f"no: {c.verdict}",
+                # (an infinite prediction: a backend without a cost model, not a failure)
+                "unknown" if c.predicted_s == math.inf else
                 _fmt_split(c.predicted_s, c.predicted_host_s, c.predicted_device_s),
                 _fmt_split(c.measured_s, c.measured_host_s, c.measured_device_s),
                 "; ".join(c.notes),

@@ -20,9 +20,10 @@ directory on its path, no PYTHON* variables, no user site-packages) with an expl
 the directory this opselect was imported from, then this process's own sys.path minus relative
 entries and the working directory. It runs in a private temporary directory, with an environment
 reduced to what torch, Triton and opselect read (_KEPT_ENV). It imports opselect and the modules
-that registered this process's other ops, a table fixed when it starts (on its command line);
-a request names an op of that table, never a module. An op the helper does not have (defined in
-__main__, say) has its first runs in this process, as before isolation.
+that registered this process's other ops or defined their backends (a plug-in's, docs/
+EXTENDING.md), a table fixed when it starts (on its command line; started again when a plug-in
+adds one); a request names an op of that table, never a module. An op or backend the helper does
+not have (defined in __main__, say) has its first runs in this process, as before isolation.
 
 OPSELECT_TUNE_ISOLATE=0 turns this off (a candidate then runs in the user's process straight
 away); OPSELECT_TUNE_ISOLATE_TIMEOUT (seconds, default 300) bounds one first run, compile
@@ -182,16 +183,29 @@ def helper_environment() -> dict[str, str]:
 
 
 def op_modules(ops: Iterable[Any]) -> list[str]:
-    """The modules, besides opselect's, that registered these ops (the helper imports them when
-    it starts); ops defined in __main__ cannot be imported again and are left out."""
+    """The modules, besides opselect's, that registered these ops or defined their backends (a
+    plug-in's backend added to one of opselect's ops: importing its module adds it there too);
+    the helper imports them when it starts. Ops and backends defined in __main__ cannot be
+    imported again and are left out."""
     names = set()
     for op in ops:
-        module = getattr(op.prepare, "__module__", None) or ""
-        if module == "opselect" or module.startswith("opselect.") or module == "__main__":
-            continue
-        if _MODULE_NAME.fullmatch(module):
-            names.add(module)
+        for module in (getattr(op.prepare, "__module__", None),
+                       *(type(b).__module__ for b in getattr(op, "backends", ()))):
+            if _importable(module or ""):
+                names.add(module)
     return sorted(names)
+
+
+def _importable(module: str) -> bool:
+    """A module outside opselect that the helper can import by name."""
+    return not (module == "opselect" or module.startswith("opselect.") or module == "__main__"
+                or module == "builtins") and bool(_MODULE_NAME.fullmatch(module))
+
+
+def _helper_has(op: Any, backend: str) -> bool:
+    """Whether the helper gets this backend of op when it imports the op's modules: not one
+    defined in __main__ (its first runs happen in this process, as before isolation)."""
+    return type(op.backend(backend)).__module__ != "__main__"
 
 
 class _Child:
@@ -215,9 +229,12 @@ class _Child:
     def _ensure(self, op_name: str, ops: Iterable[Any]) -> str | None:
         """A running helper that has op_name (started, or restarted with the modules of `ops`,
         this process's registered ops, as needed); None, or why there is none."""
-        if self.proc is not None and self.proc.poll() is None and op_name in self.ops:
-            return None
         modules = op_modules(ops)
+        # A helper started before a plug-in added a backend (to one of opselect's ops, which it
+        # has) lacks that backend: it is started again with the plug-in's module.
+        if self.proc is not None and self.proc.poll() is None and op_name in self.ops \
+                and set(modules) <= set(self.modules):
+            return None
         if self.proc is not None and self.proc.poll() is None and modules == self.modules:
             return f"its helper process does not have the op {op_name!r}"
         self._stop()
@@ -357,6 +374,8 @@ def first_runs(op: Any, runs: list[tuple[str, dict]], call: Any,
     failed = {}
     _calls_sent += 1
     for i, ((name, _), config) in enumerate(zip(runs, configs)):
+        if not _helper_has(op, name):
+            continue
         request = {"op": op.name, "backend": name, "config": config, **payload}
         status, detail = _child.run(request, enc.blobs, _calls_sent, [op, *ops])
         if status == "unavailable":

@@ -140,7 +140,8 @@ def backend_roots(backend: Any) -> list[Any]:
     from ..kernels._common import Launcher
 
     roots = list(getattr(backend, "kernels", ()))
-    for module_name in host_modules(backend):
+    hosts = host_modules(backend)
+    for module_name in hosts:
         module = sys.modules.get(module_name)
         if module is None:
             continue
@@ -150,7 +151,7 @@ def backend_roots(backend: Any) -> list[Any]:
             elif is_jit(value) and _python_function(value).__module__ == module_name:
                 roots.append(value)
     seen: set[int] = set()
-    stack: list[Any] = [cls for cls in type(backend).__mro__ if _ours(cls)]
+    stack: list[Any] = [cls for cls in type(backend).__mro__ if _ours(cls, hosts)]
     while stack:
         obj = stack.pop()
         if id(obj) in seen:
@@ -175,14 +176,17 @@ def backend_roots(backend: Any) -> list[Any]:
                 roots.append(value.fn)
             elif is_jit(value):
                 roots.append(value)
-            elif (inspect.isfunction(value) or isinstance(value, type)) and _ours(value):
+            elif (inspect.isfunction(value) or isinstance(value, type)) and _ours(value, hosts):
                 stack.append(value)
     return roots
 
 
-def _ours(obj: Any) -> bool:
+def _ours(obj: Any, hosts: set[str]) -> bool:
+    """Host code the walk follows: opselect's (but the Backend contract's), and a plug-in's
+    backend modules (`hosts`)."""
     module = getattr(obj, "__module__", "") or ""
-    return module.startswith("opselect.") and module != "opselect.dispatch.backend"
+    return (module.startswith("opselect.") or module in hosts) and \
+        module != "opselect.dispatch.backend"
 
 
 def _code_names(code) -> set[str]:
@@ -193,12 +197,25 @@ def _code_names(code) -> set[str]:
     return names
 
 
+#: Modules of base classes that hold no kernels and no launch code of a backend.
+_NOT_HOSTS = frozenset({"builtins", "abc", "typing", __name__, "opselect.dispatch.backend"})
+
+
 def host_modules(backend: Any) -> set[str]:
-    """Modules of the backend's class and of its opselect base classes (the host code that
-    plans and launches its kernels)."""
+    """Modules of the backend's class and of its base classes (the host code that plans and
+    launches its kernels): opselect's, and a plug-in's own modules (a backend defined outside
+    opselect, in a user's package or script, is hashed from its module as ours are)."""
     return {cls.__module__ for cls in type(backend).__mro__
-            if cls.__module__.startswith("opselect.") and cls.__module__ != __name__
-            and cls.__module__ != "opselect.dispatch.backend"}
+            if cls.__module__ not in _NOT_HOSTS}
+
+
+def _source_of(obj: Any) -> str:
+    """obj's source; a module or class without a file (defined at an interactive prompt or in
+    `python -c`) is hashed by its name alone, so editing it there is not noticed."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return f"<no source: {getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}>"
 
 
 def backend_hash(backend: Any) -> str:
@@ -211,10 +228,10 @@ def backend_hash(backend: Any) -> str:
     # The host code: the whole module of the class (its plan and launch code), and the bodies of
     # the opselect classes it derives from (a shared base class, not the rest of its module).
     own = type(backend)
-    h.update(inspect.getsource(sys.modules[own.__module__]).encode())
+    h.update(_source_of(sys.modules[own.__module__]).encode())
     for cls in own.__mro__[1:]:
         if cls.__module__ in host_modules(backend):
-            h.update(inspect.getsource(cls).encode())
+            h.update(_source_of(cls).encode())
     modules = host_modules(backend) | {n.rsplit(".", 1)[0] for n in covered}
     for item in read_by(modules):
         h.update(f"\n${item}".encode())
