@@ -11,6 +11,8 @@ the fastest for every call from its shape, dtype and device.
     opselect.enable()                    # a program's own torch calls through opselect
     torch.compile(fn)                    # ops.* and routed calls stay in the graph (library.py)
     opselect.distributed.sync()          # the same choices on every rank (imported on first use)
+    opselect.register_op(opselect.Op(...))   # a plug-in's own op (docs/EXTENDING.md)
+    opselect.add_backend("isin", Mine())     # a plug-in's backend of an existing op
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from . import ops
 from .heuristics import device_model as _device_model  # noqa: F401  (dispatch's cost-model source)
 from ._version import __version__
 from .dispatch import Decision, get_op, tuning
+# The plug-in API (opselect/extend.py): what a user's op or backend needs, from one place.
+from .extend import (ALLOCATION, BOUND_LAUNCH, Backend, Call, DeviceModel, Estimate, Launcher, Op,
+                     PlannedBackend, TorchBackend, add_backend, allocator, bucket, cdiv,
+                     device_info, plan_launcher, register_op, remove_backend, unregister_op)
 from .observe import freeze, frozen, on_decision, record, stop_recording
 from .routing import disable, enable, enabled, is_enabled
 from .usage import reset_stats, stats
@@ -65,6 +71,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
-__all__ = ["Decision", "__version__", "disable", "enable", "enabled", "explain", "forget",
-           "freeze", "frozen", "is_enabled", "on_decision", "ops", "record", "reset_stats",
-           "stats", "stop_recording", "tuning"]
+__all__ = ["ALLOCATION", "BOUND_LAUNCH", "Backend", "Call", "Decision", "DeviceModel", "Estimate",
+           "Launcher", "Op", "PlannedBackend", "TorchBackend", "__version__", "add_backend",
+           "allocator", "bucket", "cdiv", "device_info", "disable", "enable", "enabled",
+           "explain", "forget", "freeze", "frozen", "get_op", "is_enabled", "on_decision", "ops",
+           "plan_launcher", "record", "register_op", "remove_backend", "reset_stats", "stats",
+           "stop_recording", "tuning", "unregister_op"]
