@@ -11,6 +11,7 @@ import torch
 import triton
 
 from .. import switches
+from ..dispatch import tuning_mode as _tuning_mode  # (its lookup of the capture check)
 from ..errors import InvalidArgument
 
 INT32_SAFE = 2**31 - 2**20  # above this, offsets in kernels are computed in 64 bits
@@ -83,7 +84,7 @@ def per_stream(device, make: Callable[[], tuple]) -> Callable[[], tuple]:
 
     def buffers() -> tuple:
         if cuda:
-            if _capturing():
+            if _tuning_mode._stream_capturing():
                 return make()
             stream = _stream_of(index)
         else:
@@ -94,14 +95,6 @@ def per_stream(device, make: Callable[[], tuple]) -> Callable[[], tuple]:
         return found
 
     return buffers
-
-
-def _capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (the C function, looked up once)."""
-    global _capturing
-    _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
-                         torch.cuda.is_current_stream_capturing)
-    return _capturing()
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
