@@ -74,10 +74,10 @@ class PersistentBackend(MatmulBackend):
     estimate = staticmethod(cost.persistent)
 
     def configs(self, call: MatmulCall) -> list[dict]:
-        # tiled's tile shapes, one program per SM (large tiles fill its shared memory), then
-        # the smaller tiles two to an SM.
+        # tiled's first three tile shapes (tuning time: each config is a compile), one
+        # program per SM for large tiles (they fill its shared memory), else two to an SM.
         cfgs = []
-        for cfg in tile_configs(call):
+        for cfg in tile_configs(call)[:3]:
             per_sm = 1 if cfg["block_m"] * cfg["block_n"] >= 128 * 128 else 2
             cfgs.append({**cfg, "programs_per_sm": per_sm})
         return cfgs

@@ -130,7 +130,7 @@ class SplitKBackend(MatmulBackend):
         f32 = call.dtype == torch.float32
         k = 64 if f32 else 128
         if call.m <= 16:
-            tiles = [(16, 64, k, 4, 4), (16, 128, k, 4, 4), (16, 32, k, 4, 4)]
+            tiles = [(16, 32, k, 4, 4), (16, 64, k, 4, 4)]
         elif call.m <= 64:
             tiles = [(64, 64, k // 2, 4, 4), (32, 64, k, 4, 4)]
         else:
@@ -148,10 +148,10 @@ class SplitKBackend(MatmulBackend):
 
     @staticmethod
     def _splits(call: MatmulCall, tiles: int, block_k: int) -> list[int]:
-        """Splits that bring the programs to about two waves of 132 SMs (the first is the
-        pick), halved and doubled, each leaving every chunk at least two steps long."""
+        """Splits that bring the programs to about two per SM (the first is the pick), halved
+        and doubled, each leaving every chunk at least two steps long."""
         steps = cdiv(call.k, block_k)
-        want = max(2, min(32, cdiv(2 * 132, tiles)))
+        want = max(2, min(32, cdiv(2 * call.info.sm_count, tiles)))
         picks = []
         for s in (want, want // 2, want * 2):
             s = min(s, max(2, steps // 2))

@@ -76,8 +76,7 @@ def tile_configs(call: MatmulCall) -> list[dict]:
     elif call.m <= 64:
         cfgs = [(64, 64, k, 4, 4), (64, 128, k, 4, 4), (32, 64, 2 * k, 4, 4), (64, 256, k, 8, 3)]
     else:
-        cfgs = [(128, 128, k, 8, 3), (128, 256, k, 8, 3), (128, 64, k, 4, 4), (64, 128, k, 4, 4),
-                (256, 128, k, 8, 3), (64, 64, k, 4, 4)]
+        cfgs = [(128, 128, k, 8, 3), (128, 256, k, 8, 3), (64, 128, k, 4, 4), (128, 64, k, 4, 4)]
     return [{"block_m": bm, "block_n": bn, "block_k": bk, "group_m": 8, "num_warps": w,
              "num_stages": s} for bm, bn, bk, w, s in cfgs]
 
