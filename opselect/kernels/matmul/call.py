@@ -25,8 +25,19 @@ from .._common import allocator
 #: The dtypes the kernels take (tl.dot's inputs); float64, integers and complex go to torch.
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-#: torch.backends.cuda.matmul.allow_tf32, read per call (a C getter: no deprecation path).
-allow_tf32 = torch._C._get_cublas_allow_tf32
+_PRECISION = getattr(torch._C, "_get_fp32_precision_getter", None)
+
+
+def allow_tf32() -> bool:
+    """Whether torch's float32 matmuls may use tf32 now, read per call (part of the key).
+
+    torch 2.9+ has two switches: the legacy allow_tf32 (set_float32_matmul_precision) and
+    fp32_precision, per backend and op with a global fallback. Its C getter of the latter
+    answers for every way of setting either; the legacy getter raises once the new switch has
+    been set (torch refuses to read a mix), so it is only the fallback of an older torch."""
+    if _PRECISION is not None:
+        return _PRECISION("cuda", "matmul") == "tf32"
+    return torch._C._get_cublas_allow_tf32()
 
 
 class MatmulCall(Call):
