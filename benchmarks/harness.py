@@ -44,12 +44,14 @@ Args = tuple[tuple, dict]
 @dataclass
 class Case:
     """One benchmark point. `make(device)` returns (args, kwargs) for ops.<op>; `nbytes` is the
-    least traffic the op must move (inputs read once, outputs written once)."""
+    least traffic the op must move (inputs read once, outputs written once). `op`: the op of
+    this case where it is not the suite's (matmul's suite times linear calls too)."""
 
     name: str
     make: Callable[[torch.device], Args]
     nbytes: int
     tags: dict[str, Any] = field(default_factory=dict)
+    op: str | None = None
 
 
 @dataclass
@@ -61,6 +63,16 @@ class Suite:
     peers: dict[str, Callable[..., Any]] = field(default_factory=dict)
     #: extra derived metrics / target checks: (rows, summary) -> dict added to the summary
     targets: Callable[[list[dict], dict], dict] | None = None
+    #: more per-row numbers, after the harness's own: (row, copy bandwidth in bytes/s) -> None
+    derive: Callable[[dict, float], None] | None = None
+    #: more cells of each row in the markdown table: (header, row -> text)
+    columns: list[tuple[str, Callable[[dict], str]]] = field(default_factory=list)
+    #: more markdown after the summary (the .md's and the printed output's last lines)
+    report: Callable[[dict], str] | None = None
+    #: what the chart draws where not the percent of copy bandwidth: {"metric": a per-provider
+    #: dict of each row, "label": the axis, "line": the 100% line's name, "targets": [percent],
+    #: "target_label": their name, "{t}" the percent} (plots.py)
+    chart: dict | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -146,18 +158,15 @@ def _fresh_cache(tag: str) -> str:
 def merge_rows(suite: Suite, args: argparse.Namespace) -> dict:
     """--merge-rows: the saved results of args.gpu with the given rows laid over them, on any
     machine (the copy bandwidth is the saved run's)."""
-    from opselect.dispatch import get_op
-
     path = RESULTS / args.gpu / f"{suite.op}.json"
     result = json.loads(path.read_text())
     bw = result["copy_bandwidth_GBps"] * 1e9
-    op = get_op(suite.op)
-    rows = _merged(path, json.loads(Path(args.merge_rows).read_text()), suite, op, bw)
+    rows = _merged(path, json.loads(Path(args.merge_rows).read_text()), suite, bw)
     result["summary"] = _summarise(rows, bw)
     if suite.targets:
         result["summary"].update(suite.targets(rows, result["summary"]))
     result["rows"] = rows
-    md = markdown(result)
+    md = markdown(result, suite)
     path.write_text(json.dumps(result, indent=1, default=_json_default))
     path.with_suffix(".md").write_text(md)
     write_png(result, path.with_suffix(".png"))
@@ -170,10 +179,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
     if args.merge_rows:
         return merge_rows(suite, args)
     import opselect
-    from opselect.dispatch import get_op
 
-    op = get_op(suite.op)
-    public = getattr(opselect.ops, suite.op)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     time_ms = timer(device, args.rep_ms, args.repeat)
     bw = copy_bandwidth(device, time_ms)
@@ -194,6 +200,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
         if args.deadline_s and time.monotonic() - started > args.deadline_s:
             left.append(case.name)
             continue
+        op, public = _op_and_public(case.op or suite.op)
         torch.manual_seed(0)
         inputs = case.make(device)
         a, kw = inputs
@@ -232,12 +239,12 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
             _fresh_cache("warm")
             from opselect.warm import warm_call
 
-            warm_call(suite.op, a, kw)
+            warm_call(op.name, a, kw)
             opselect.forget()
             row["auto_warm_choice"] = op.explain(*a, **kw).choice
             row["ms"]["auto-warm"] = time_checked("auto-warm", lambda: public(*a, **kw), ref,
                                                   inputs, suite.check, time_ms, row)
-        _derive(row, op, bw)
+        _derive(row, op, bw, suite)
         rows.append(row)
         print(_line(row), flush=True)
         if os.environ.get("OUT"):  # what a run killed for time leaves (see --merge-rows)
@@ -250,7 +257,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
     if left:
         print(f"# past the deadline, not run: {'|'.join(left)}", flush=True)
     if args.merge:
-        rows = _merged(RESULTS / slug / f"{suite.op}.json", rows, suite, op, bw)
+        rows = _merged(RESULTS / slug / f"{suite.op}.json", rows, suite, bw)
     summary = _summarise(rows, bw)
     if suite.targets:
         summary.update(suite.targets(rows, summary))
@@ -259,10 +266,23 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
               "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
               "opselect": opselect.__version__, "date": time.strftime("%Y-%m-%d"),
               "smoke": args.smoke, "repeat": args.repeat, "summary": summary, "rows": rows}
-    md = markdown(result)
+    if suite.chart:
+        result["chart"] = suite.chart
+    md = markdown(result, suite)
     save_result(suite.op, result, md, slug, not args.no_save and not args.smoke)
     print(md)
     return result
+
+
+def _op_and_public(name: str):
+    """The dispatcher's op of this name and the function that answers its calls: ops.<name>,
+    or, for an op registered without a public function yet, the Op itself (same arguments,
+    backend= included)."""
+    import opselect
+    from opselect.dispatch import get_op
+
+    op = get_op(name)
+    return op, getattr(opselect.ops, name, None) or op
 
 
 def time_checked(name: str, fn: Callable[[], Any], ref: Any, inputs: Any,
@@ -283,10 +303,13 @@ def time_checked(name: str, fn: Callable[[], Any], ref: Any, inputs: Any,
         return None
 
 
-def _merged(path: Path, rows: list[dict], suite: Suite, op, bw: float) -> list[dict]:
+def _merged(path: Path, rows: list[dict], suite: Suite, bw: float) -> list[dict]:
     """The saved rows with this run's providers laid over them (case by case), in the suite's
     order; each merged row's derived numbers are computed again."""
+    from opselect.dispatch import get_op
+
     saved = {r["case"]: r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
+    op_of = {c.name: c.op or suite.op for c in suite.cases}
     for row in rows:
         old = saved.get(row["case"])
         if old is not None:
@@ -295,12 +318,12 @@ def _merged(path: Path, rows: list[dict], suite: Suite, op, bw: float) -> list[d
             for key in ("auto_cold_choice", "auto_warm_choice", "configs"):
                 if key not in row and key in old:
                     row[key] = old[key]
-        _derive(row, op, bw)
+        _derive(row, get_op(op_of.get(row["case"], suite.op)), bw, suite)
         saved[row["case"]] = row
     return [saved[c.name] for c in suite.cases if c.name in saved]
 
 
-def _derive(row: dict, op, bw: float) -> None:
+def _derive(row: dict, op, bw: float, suite: Suite | None = None) -> None:
     ms = row["ms"]
     backends = {b.name for b in op.backends}
     done = {k: v for k, v in ms.items() if v is not None}
@@ -315,6 +338,8 @@ def _derive(row: dict, op, bw: float) -> None:
     row["speedup_vs_torch"] = {k: t / v for k, v in done.items()} if t else {}
     if best[0]:
         row["regret"] = {k: done[k] / best[0] for k in ("auto-cold", "auto-warm") if k in done}
+    if suite is not None and suite.derive:
+        suite.derive(row, bw)
 
 
 def at_least(x: float | None, bound: float) -> bool | None:
@@ -361,8 +386,9 @@ def _line(row: dict) -> str:
     return f"{row['case']:<40} " + " ".join(parts)
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, suite: Suite | None = None) -> str:
     rows = result["rows"]
+    extra = suite.columns if suite is not None else []
     names: list[str] = []
     for r in rows:
         for k in r["ms"]:
@@ -377,8 +403,9 @@ def markdown(result: dict) -> str:
            "auto-warm's; `xtorch` is torch's time over auto-warm's.",
            "",
            "| case | " + " | ".join(names) +
-           " | best | cold pick | warm pick | auto %bw | auto %copy | xtorch |",
-           "|---" * (len(names) + 7) + "|"]
+           " | best | cold pick | warm pick | auto %bw | auto %copy | xtorch |" +
+           "".join(f" {header} |" for header, _ in extra),
+           "|---" * (len(names) + 7 + len(extra)) + "|"]
     for r in rows:
         cells = [("-" if r["ms"].get(n) is None else f"{r['ms'][n]:.4g}") for n in names]
         pct = r["pct_copy_bw"].get("auto-warm")
@@ -388,12 +415,15 @@ def markdown(result: dict) -> str:
                    f" | {r.get('best_backend') or '-'} | {r.get('auto_cold_choice', '-')} | "
                    f"{r.get('auto_warm_choice', '-')} | {'-' if pct is None else f'{pct:.1f}'} | "
                    f"{'-' if at_size is None else f'{at_size:.0f}'} | "
-                   f"{'-' if sp is None else f'{sp:.2f}'} |")
+                   f"{'-' if sp is None else f'{sp:.2f}'} |" +
+                   "".join(f" {cell(r)} |" for _, cell in extra))
     out += ["", "## Summary", ""]
     for k, v in result["summary"].items():
         if isinstance(v, float):
             v = f"{v:.3f}"
         out.append(f"- {k}: {v}")
+    if suite is not None and suite.report:
+        out += ["", suite.report(result).rstrip("\n")]
     return "\n".join(out) + "\n"
 
 

@@ -7,6 +7,11 @@ auto-warm, peers such as flag_gems), each the provider's percent of the measured
 the `pct_copy_bw` the harness derived for the row (harness._derive), so a chart never disagrees
 with the table. A provider without a time (not run, wrong or failed) has no bar.
 
+A result may name another per-provider number of its rows to draw instead (its "chart" entry,
+from the suite: matmul draws each provider's percent of the case's roofline, since a large product
+is bound by the tensor cores, not by memory); then that number's bars, axis label, 100% line and
+target lines are drawn, and the same-size copy's mark is left out.
+
 matplotlib is imported only when a chart is drawn: benchmarks run where it is missing (the harness
 then skips the PNG).
 """
@@ -46,14 +51,30 @@ def plottable(result: object) -> bool:
         for r in rows)
 
 
+def metric(result: dict) -> str:
+    """The per-provider dict of each row that the bars draw: the chart's metric, else the
+    percent of copy bandwidth."""
+    return (result.get("chart") or {}).get("metric", "pct_copy_bw")
+
+
 def _registry_backends(op: str) -> list[str] | None:
     """The op's backends in registry order (what the harness calls a backend), or None where the
     op is not one of opselect's (a synthetic result) or opselect cannot be imported."""
     try:
+        import importlib
+
         from opselect.dispatch import get_op
 
         # "softmax (forward + backward)" is softmax's
-        return [b.name for b in get_op(op.split()[0]).backends[1:]]
+        name = op.split()[0]
+        try:
+            found = get_op(name)
+        except Exception:  # noqa: BLE001 - an op whose package opselect.ops does not import
+            if not name.isidentifier():
+                raise
+            importlib.import_module(f"opselect.kernels.{name}")  # (registers it, as matmul)
+            found = get_op(name)
+        return [b.name for b in found.backends[1:]]
     except Exception:  # noqa: BLE001 - only the colours' order depends on it
         return None
 
@@ -61,12 +82,13 @@ def _registry_backends(op: str) -> list[str] | None:
 def providers(result: dict) -> tuple[list[str], dict[str, str]]:
     """The bars of each group, in order, and their colours. Per-config columns (backend#i) are
     left out; so is a provider no case has a percent for."""
+    key = metric(result)
     columns: list[str] = []
     for row in result["rows"]:
-        for name in list(row.get("ms", {})) + list(row["pct_copy_bw"]):
+        for name in list(row.get("ms", {})) + list(row.get(key, {})):
             if name not in columns and "#" not in name and name != SAME_SIZE_COPY:
                 columns.append(name)
-    measured = {n for row in result["rows"] for n in row["pct_copy_bw"]}
+    measured = {n for row in result["rows"] for n in row.get(key, {})}
     registry = _registry_backends(str(result.get("op", "")))
     if registry is None:  # unknown op: whatever is not torch, auto or a known peer is a backend
         registry = [n for n in columns if n != "torch" and n not in AUTO and n not in FIXED]
@@ -82,7 +104,11 @@ def providers(result: dict) -> tuple[list[str], dict[str, str]]:
 
 
 def targets(result: dict) -> list[float]:
-    """The suite's bandwidth targets (percent of copy bandwidth), from its summary's names."""
+    """The suite's bandwidth targets (percent of copy bandwidth), from its summary's names; a
+    chart of another metric names its own."""
+    chart = result.get("chart") or {}
+    if "metric" in chart:
+        return sorted(float(t) for t in chart.get("targets", ()))
     summary = result.get("summary") or {}
     names = list(summary) + list(summary.get("targets_met") or {})
     return sorted({float(m.group(1)) for n in names for m in [TARGET.search(n)] if m})
@@ -96,6 +122,7 @@ def plot(result: dict, path: Path | str) -> Path:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
+    key, chart = metric(result), result.get("chart") or {}
     names, colours = providers(result)
     n = max(1, len(names))
     group_in = n * BAR_IN + GAP_IN
@@ -105,29 +132,30 @@ def plot(result: dict, path: Path | str) -> Path:
     for j, name in enumerate(names):
         ys, xs = [], []
         for i, row in enumerate(rows):
-            pct = row["pct_copy_bw"].get(name)
+            pct = row.get(key, {}).get(name)
             if pct is not None:
                 ys.append(i + (j - (n - 1) / 2) * bar)
                 xs.append(pct)
         ax.barh(ys, xs, height=bar, color=colours[name], label=name)
-    marks = [(row["pct_copy_bw"][SAME_SIZE_COPY], i) for i, row in enumerate(rows)
-             if row["pct_copy_bw"].get(SAME_SIZE_COPY) is not None]
+    marks = [(row[key][SAME_SIZE_COPY], i) for i, row in enumerate(rows)
+             if key == "pct_copy_bw" and row[key].get(SAME_SIZE_COPY) is not None]
     if marks:  # as tall as the group; the legend gets a mark of text size (an empty line)
         ax.scatter(*zip(*marks), marker="|", s=(72 * n * BAR_IN) ** 2, color="black",
                    linewidths=1.5, zorder=3)
         ax.plot([], [], marker="|", linestyle="none", color="black", markersize=10,
                 markeredgewidth=1.5, label="same-size copy")
-    ax.axvline(100, color="black", linewidth=1, label="copy (100%)")
+    ax.axvline(100, color="black", linewidth=1, label=chart.get("line", "copy (100%)"))
     for t in targets(result):
-        ax.axvline(t, color="black", linewidth=1, linestyle="--", label=f"target {t:g}%")
-    top = max([pct for row in rows for pct in row["pct_copy_bw"].values()] + [100])
+        ax.axvline(t, color="black", linewidth=1, linestyle="--",
+                   label=chart.get("target_label", "target {t:g}%").format(t=t))
+    top = max([pct for row in rows for pct in row.get(key, {}).values()] + [100])
     ax.set_xlim(0, top * 1.05)
     ax.set_ylim(len(rows) - 0.5, -0.5)  # the first case on top, as in the table
     ax.set_yticks(range(len(rows)), [row["case"] for row in rows], fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(axis="x", color="0.9", linewidth=0.6)
     ax.set_axisbelow(True)
-    ax.set_xlabel("% of copy bandwidth (read + write)", fontsize=9)
+    ax.set_xlabel(chart.get("label", "% of copy bandwidth (read + write)"), fontsize=9)
     gpu = result.get("device") or result.get("gpu", "?")
     # Above the axes, centred on the figure, where it hides no bar whatever the number of cases;
     # the title is the legend's own, so the two cannot overlap. Two rows, read row by row.

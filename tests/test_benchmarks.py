@@ -87,6 +87,60 @@ def test_plot_draws_every_provider_of_a_harness_result(tmp_path):
     assert not plots.plottable({"report": {}}) and not plots.plottable([1, 2])
 
 
+def test_plot_draws_the_metric_a_result_names(tmp_path):
+    """A result whose chart names another per-provider number (matmul: percent of the roofline)
+    gets bars of that number, its own target lines, and no same-size copy mark; without a
+    chart entry the percent of copy bandwidth is drawn, as before."""
+    pytest.importorskip("matplotlib")
+    plots = _plots()
+    rows = [_row("a", {"torch": 5.0, "fast": 20.0}), _row("b", {"torch": 60.0, "fast": None})]
+    rows[0]["pct_roofline"] = {"torch": 50.0, "fast": 90.0}
+    rows[1]["pct_roofline"] = {"torch": 70.0, "late": 10.0}
+    result = {"op": "toy", "device": "NVIDIA H200", "rows": rows,
+              "summary": {"target_85pct_copy_bw_min": 1.0},
+              "chart": {"metric": "pct_roofline", "label": "% of roofline", "targets": [80],
+                        "target_label": "decode {t:g}%"}}
+    assert plots.metric(result) == "pct_roofline"
+    assert plots.providers(result)[0] == ["torch", "fast", "late"]
+    assert plots.targets(result) == [80.0]  # the chart's, not the summary's 85
+    assert plots.plot(result, tmp_path / "toy.png").read_bytes().startswith(PNG)
+    del result["chart"]
+    assert plots.metric(result) == "pct_copy_bw" and plots.targets(result) == [85.0]
+    assert plots.providers(result)[0] == ["torch", "fast"]
+
+
+@pytest.mark.slow  # (make test-all; see the Makefile)
+def test_bench_matmul_reports_throughput_and_targets(tmp_path, cpu_triton):
+    """bench_matmul.py (issue 36): linear and matmul cases in one table, the peer timed, TFLOP/s
+    and percent of peak per provider, the weight's read bandwidth on decode rows only, the
+    issue's three targets judged and printed last, the roofline chart."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "bench_matmul.py"), "--smoke", "--no-save"]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "!!" not in result.stdout, result.stdout[-3000:]
+    data = json.loads((tmp_path / "matmul.json").read_text())
+    assert {r["form"] for r in data["rows"]} == {"linear", "matmul"}
+    for row in data["rows"]:
+        assert {"torch", "tiled", "persistent", "auto-cold", "auto-warm",
+                "triton_autotune"} <= set(row["ms"]), row["case"]
+        assert set(row["TFLOPs"]) == set(row["pct_peak"]) == set(row["pct_roofline"])
+        assert "copy" not in row["pct_roofline"]
+        assert ("pct_weight_bw" in row) == (row["m"] <= 16), row["case"]
+    assert any(r["ms"].get("splitk") for r in data["rows"])  # a smoke case long enough in k
+    met = data["summary"]["targets_met"]
+    assert set(met) == {"never_3pct_slower_than_torch", "decode_80pct_copy_bw",
+                        "decode_1.1x_torch_geomean"}
+    assert data["chart"]["metric"] == "pct_roofline"
+    md = (tmp_path / "matmul.md").read_text()
+    assert "| auto TFLOP/s | auto %peak | auto %B bw |" in md
+    assert md.rstrip().splitlines()[-3].startswith("| auto never more than 3% slower")
+    assert result.stdout.rstrip().splitlines()[-1].startswith("| decode geomean speed-up")
+    if _has_matplotlib():
+        assert (tmp_path / "matmul.png").read_bytes().startswith(PNG)
+
+
 def test_harness_writes_the_chart_beside_the_table(tmp_path, cpu_triton):
     """A benchmark's run writes <op>.png next to <op>.md under $OUT (torch only, to be quick)."""
     pytest.importorskip("matplotlib")
