@@ -28,6 +28,7 @@ SHAPES = [
     ("linear", 16, 11008, 4096, torch.bfloat16),
     ("linear", 4, 128256, 4096, torch.bfloat16),
     ("linear", 1, 4096, 14336, torch.bfloat16),
+    ("linear", 4, 11008, 4096, torch.bfloat16),
     ("linear", 2048, 4096, 4096, torch.bfloat16),
     ("matmul", 4096, 4096, 4096, torch.bfloat16),
     ("matmul", 1000, 777, 3000, torch.float16),
@@ -77,6 +78,60 @@ def sweep(backend: str) -> list[dict]:
     return out
 
 
+def graph_rotate(rounds: int, bw: float) -> list[dict]:
+    """Decode shapes as a model's decode step meets them: each call reads another weight (as
+    many distinct weights as make three L2s), the calls replayed from a CUDA graph (no host
+    time, no L2 flush between them: no dirty lines to write back). Device time per call."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for form, m, n, k, dtype in SHAPES:
+        if m > 16:
+            continue
+        nbytes = n * k * dtype.itemsize
+        copies = max(2, min(32, -(-3 * l2 // nbytes)))
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        weights = [torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5 for _ in range(copies)]
+        calls = [mm.prepare_linear(x, w) for w in weights]
+        op = mm.LINEAR_OP
+        runs = {"torch": lambda c: torch.nn.functional.linear(c.a, c.b)}
+        for backend in op.backends[1:]:
+            if backend.supports(calls[0]) is None:
+                for i, cfg in enumerate(backend.configs(calls[0])[:4]):
+                    runs[f"{backend.name}#{i}"] = (lambda c, b=backend, cfg=cfg: b.run(c, cfg))
+        graphs = {}
+        for name, run in runs.items():
+            for c in calls:
+                run(c)  # compile and bind outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for c in calls:
+                    run(c)
+            graphs[name] = g
+        times = {name: [] for name in graphs}
+        for _ in range(rounds):
+            for name, g in graphs.items():
+                g.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(10):
+                    g.replay()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) / (10 * copies))
+        med = {name: statistics.median(t) for name, t in times.items()}
+        best = min((v, name) for name, v in med.items() if name != "torch")
+        print(f"graph {m}x{n}x{k} ({copies} weights): torch {med['torch'] * 1e3:.1f} us "
+              f"({100 * nbytes / (med['torch'] * 1e-3) / bw:.0f}% of copy bw), best {best[1]} "
+              f"{best[0] * 1e3:.1f} us ({100 * nbytes / (best[0] * 1e-3) / bw:.0f}%, "
+              f"{med['torch'] / best[0]:.2f}x)")
+        for name, ms in med.items():
+            rows.append(dict(m=m, n=n, k=k, variant=name, ms=ms, copies=copies,
+                             weight_pct=100 * nbytes / (ms * 1e-3) / bw,
+                             spread=max(times[name]) / min(times[name])))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -84,7 +139,14 @@ def main() -> None:
     ap.add_argument("--max-configs", type=int, default=12)
     ap.add_argument("--sweep-decode", action="store_true",
                     help="decode shapes only, with a grid of configs beyond the backends' lists")
+    ap.add_argument("--graph-rotate", action="store_true",
+                    help="decode shapes replayed from a CUDA graph over distinct weights")
     args = ap.parse_args()
+    if args.graph_rotate:
+        rows = graph_rotate(args.rounds, copy_bw())
+        if args.json:
+            Path(args.json).write_text(json.dumps(dict(rows=rows), indent=1))
+        return
     if args.sweep_decode:
         SHAPES[:] = [s for s in SHAPES if s[1] <= 16]
     bw = copy_bw()
