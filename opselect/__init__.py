@@ -9,6 +9,7 @@ the fastest for every call from its shape, dtype and device.
     opselect.freeze()                    # never measure: the cache and the model only
     opselect.on_decision(print)          # see each new decision (also: logger "opselect")
     opselect.enable()                    # a program's own torch calls through opselect
+    opselect.enable(ops=["matmul"])      # matmul, nn.Linear, addmm too (off by default)
     torch.compile(fn)                    # ops.* and routed calls stay in the graph (library.py)
     opselect.distributed.sync()          # the same choices on every rank (imported on first use)
     opselect.register_op(opselect.Op(...))   # a plug-in's own op (docs/EXTENDING.md)

@@ -5,11 +5,12 @@ autograd, vmap, trace-time choice) are in its front, opselect/fronts/<op>.py.
 
 Two ops per public function, in the `opselect` namespace:
 
-  opselect.<op>           the op itself (isin, topk, permute, softmax, log_softmax, and
-                          softmax_backward): its kernel runs the dispatcher's choice at run time,
-                          a fake implementation gives the exact shapes, dtypes and strides, and
-                          autograd is registered (softmax and log_softmax backward through
-                          opselect.softmax_backward, which runs the fused backward kernels).
+  opselect.<op>           the op itself (isin, topk, permute, softmax, log_softmax,
+                          softmax_backward, matmul and linear): its kernel runs the dispatcher's
+                          choice at run time, a fake implementation gives the exact shapes,
+                          dtypes and strides, and autograd is registered (softmax and
+                          log_softmax backward through opselect.softmax_backward, which runs
+                          the fused backward kernels).
   opselect.<op>_or_aten   what `ops.<op>` calls while compiling: a CompositeImplicitAutograd op,
                           so its Python runs at trace time on the traced shapes (never traced by
                           Dynamo) and leaves either the aten op or opselect.<op> in the graph.
@@ -31,9 +32,13 @@ Where a compiled call goes (the rule, decided at trace time; `COMPILED_RULE` bel
     back to aten.topk (it sorts only with config.triton.decompose_sort_ops, off by default, and
     a sort loses to opselect's selection kernels either way), so the dispatcher's choice for the
     traced shapes decides: torch's choice is the aten op, any other backend is opselect.<op>.
-  * Dynamic shapes (a symbolic size): permute and softmax stay aten; isin and topk become
-    opselect.<op>, which chooses per call at run time (torch's kernel among the candidates), so
-    no size is guarded and no size recompiles.
+    matmul and linear: inductor calls ATen's product (an extern cuBLAS kernel) and fuses nothing
+    into it, so the dispatcher's choice decides as for topk; under inductor's max-autotune it
+    times Triton GEMM templates of its own against cuBLAS and fuses their epilogues, and keeps
+    the aten op (inductor_gemm in fronts/_matmul_rules.py).
+  * Dynamic shapes (a symbolic size): permute and softmax stay aten; isin, topk, matmul and
+    linear become opselect.<op>, which chooses per call at run time (torch's kernel among the
+    candidates), so no size is guarded and no size recompiles.
 
 The ops are registered with Library.define + impl + register_fake: their dispatch costs 1.7 us
 a call on the CPU against 8.5-16 us for torch.library.custom_op and 11-12 us for triton_op
@@ -67,7 +72,7 @@ if COMPILED_RULE not in _RULES:
     COMPILED_RULE = "auto"
 
 #: Ops whose calls with dynamic shapes become opselect's op under the "auto" rule.
-_DYNAMIC_OPSELECT = frozenset({"isin", "topk"})
+_DYNAMIC_OPSELECT = frozenset({"isin", "topk", "matmul", "linear"})
 
 LIB = torch.library.Library("opselect", "DEF")
 _ops = torch.ops.opselect

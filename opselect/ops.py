@@ -17,8 +17,9 @@ kernels do not take (quantized, uint16-64, float8, ...) goes to torch's own op u
 from __future__ import annotations
 
 from .fronts.isin import isin
+from .fronts.matmul import linear, matmul
 from .fronts.permute import permute, transpose
 from .fronts.softmax import log_softmax, softmax
 from .fronts.topk import topk
 
-__all__ = ["isin", "log_softmax", "permute", "softmax", "topk", "transpose"]
+__all__ = ["isin", "linear", "log_softmax", "matmul", "permute", "softmax", "topk", "transpose"]

@@ -1,9 +1,10 @@
 """opselect.enable(): a program's own torch calls go through opselect, with no edits to it.
 
-    opselect.enable()                          every op, from here on (this thread)
+    opselect.enable()                          every op on by default, from here on (this thread)
     opselect.disable()
     with opselect.enabled(ops=["softmax", "topk"]):
         model.generate(...)
+    opselect.enable(ops=["matmul"])            matmul and linear (off by default)
     opselect.stats()                           calls per op, and the backends that ran
 
 Routed: torch.isin; torch.topk and Tensor.topk; torch.softmax, torch.nn.functional.softmax,
@@ -13,15 +14,23 @@ torch.reshape) of such a view where the reshape has to copy. Calls opselect does
 tensor subclass, an out= argument, a named dim, an implicit softmax dim, a view with gaps, a
 memory format other than contiguous) reach torch's own function untouched.
 
+Off by default, routed only when named (ops=["matmul"] routes all five below, ops=["linear"]
+the last two): torch.matmul, Tensor.matmul and Tensor.__matmul__ (a @ b; Tensor.__rmatmul__
+calls torch.matmul) as op matmul; torch.nn.functional.linear (nn.Linear) and torch.addmm with
+beta = alpha = 1 and a bias row (Hugging Face's Conv1D) as op linear. float16, bfloat16 and
+float32 only: any other dtype, out=, other scales of addmm, a full addmm input matrix reach torch
+untouched. Their entry points are installed only once some thread routes them (OFF_BY_DEFAULT):
+a program that does not ask for them pays nothing on its products.
+
 How: while some thread has routing on, those entry points (the attributes of torch,
-torch.special, torch.nn.functional and torch.Tensor named above, 14 in all) are replaced by thin
+torch.special, torch.nn.functional and torch.Tensor named above, 19 in all) are replaced by thin
 wrappers that keep the original objects. A wrapper reads this thread's routing (a
 threading.local), checks that the call is one opselect takes, and runs opselect's op; anything
 else goes to the saved original. Every other torch call and tensor attribute is untouched and
 costs nothing extra (a TorchFunctionMode, the first design, put a Python handler on every torch
 call of the thread, and on every call that a compiled graph's wrapper code makes at run time).
 Routing is per thread: other threads go through the wrappers to the originals (a few hundred
-ns on those 14 entry points only). Each op's handlers, and the entry points it takes over, are in
+ns on those entry points only). Each op's handlers, and the entry points it takes over, are in
 its front (opselect/fronts/<op>.py); this module installs them. The originals are put back, the exact objects, when the last
 thread disables routing (or exits). opselect's own op implementations switch routing off while
 they run (routing_state.suspend()), so the `torch` backend's call of torch's op reaches torch's
@@ -36,8 +45,13 @@ stay method calls in Dynamo's graph and are routed when AOTAutograd traces that 
 wrappers see its FunctionalTensors; backend="eager" runs the graph's method calls through the
 wrappers at run time). Dynamo's guards cannot see that: a function whose only routed calls are
 Tensor methods keeps what was decided when it was compiled; compile it after enable() (or call
-torch._dynamo.reset() after switching routing). Under the "auto" rule only x.topk is affected:
-a method-form softmax, contiguous or reshape compiles to the aten op either way.
+torch._dynamo.reset() after switching routing). Under the "auto" rule only x.topk and
+x.matmul are affected: a method-form softmax, contiguous or reshape compiles to the aten op
+either way. `a @ b` stays operator.matmul in Dynamo's graph: backend="eager" routes it at run
+time, but AOTAutograd's trace runs it as an FX Interpreter's call_function, which the routing
+does not take for the program's own call (fronts/_base.py's _graph_call looks for call_method),
+so under aot_eager and inductor it stays torch's; torch.matmul, F.linear and torch.addmm (what
+nn.Linear and Hugging Face's models call) are routed there.
 
 torch._dynamo is imported by the first enable() (about a second once, if the program has not
 imported it yet): Dynamo builds its tables of torch's functions from torch's attribute names the
@@ -61,12 +75,17 @@ from torch.compiler import is_compiling as _compiling
 
 from . import routing_state as _state
 from .fronts import isin as _isin_front
+from .fronts import matmul as _matmul_front
 from .fronts import permute as _permute_front
 from .fronts import softmax as _softmax_front
 from .fronts import topk as _topk_front
 from .fronts._base import _STRIDED, _TENSOR, PASS
 
-OPS = ("isin", "topk", "permute", "softmax", "log_softmax")
+OPS = ("isin", "topk", "permute", "softmax", "log_softmax", "matmul", "linear")
+#: Routed only when named in enable(ops=...), until their kernels hold their targets (issue 36).
+OFF_BY_DEFAULT = frozenset(("matmul", "linear"))
+#: A name that routes several ops: matmul's products include linear's (nn.Linear, Conv1D).
+_GROUPS = {"matmul": ("matmul", "linear")}
 
 _thread = _state._local
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -77,7 +96,7 @@ _functorch_active = torch._C._are_functorch_transforms_active
 #: copies a view (contiguous, reshape)): each op's handlers are in its front.
 _ENTRY_POINTS: list[tuple[str, Any, str, Callable, bool, bool]] = [
     *_isin_front.ENTRY_POINTS, *_topk_front.ENTRY_POINTS, *_softmax_front.ENTRY_POINTS,
-    *_permute_front.ENTRY_POINTS]
+    *_permute_front.ENTRY_POINTS, *_matmul_front.ENTRY_POINTS]
 
 
 def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool,
@@ -127,6 +146,8 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool,
 
 # (owner, attribute, original, wrapper, whether owner's own __dict__ held the original)
 _installed: list[tuple[Any, str, Callable, Callable, bool]] = []
+#: the ops whose entry points are installed
+_installed_ops: set[str] = set()
 _install_lock = threading.Lock()
 _leases = 0
 _user_cache_tag: Optional[str] = None
@@ -164,17 +185,24 @@ def _prepare_dynamo() -> None:
             getattr(trace_rules, table)()
 
 
-def _install() -> None:
+def _install(ops: Iterable[str]) -> None:
+    """Install the entry points of `ops` not installed yet (all of them the first time, but
+    for the ops off by default: those once some thread names them)."""
     global _user_cache_tag
-    _prepare_dynamo()
-    config = getattr(torch.compiler, "config", None)
-    _user_cache_tag = getattr(config, "cache_key_tag", None)
+    if not _installed:
+        _prepare_dynamo()
+        config = getattr(torch.compiler, "config", None)
+        _user_cache_tag = getattr(config, "cache_key_tag", None)
+    wanted = (set(OPS) - OFF_BY_DEFAULT) | set(ops)
     for op, owner, name, handler, calls_entries, layout in _ENTRY_POINTS:
+        if op not in wanted or op in _installed_ops:
+            continue
         own = name in vars(owner)
         original = getattr(owner, name)
         wrapper = _entry(op, original, handler, calls_entries, layout)
         setattr(owner, name, wrapper)
         _installed.append((owner, name, original, wrapper, own))
+    _installed_ops.update(wanted)
 
 
 def _uninstall() -> None:
@@ -183,6 +211,7 @@ def _uninstall() -> None:
         torch.compiler.config.cache_key_tag = _user_cache_tag
         _user_cache_tag = None
     replaced = []
+    _installed_ops.clear()
     while _installed:
         owner, name, original, wrapper, own = _installed.pop()
         if vars(owner).get(name) is not wrapper:
@@ -212,11 +241,14 @@ class _Lease:
     __slots__ = ("__weakref__",)
 
 
-def _acquire() -> None:
+def _acquire(ops: Iterable[str]) -> None:
+    """This thread routes `ops` from now on: their entry points installed (the first thread's
+    lease installs every op's but those off by default), a lease held."""
     global _leases
     with _install_lock:
-        if _leases == 0 and not _installed:
-            _install()
+        _install(ops)
+        if getattr(_thread, "lease", None) is not None:
+            return
         _leases += 1
     lease = _Lease()
     weakref.finalize(lease, _release)
@@ -224,11 +256,16 @@ def _acquire() -> None:
 
 
 def _checked(ops: Optional[Iterable[str]], backends: Optional[Mapping[str, str]]):
-    names = tuple(OPS if ops is None else ([ops] if isinstance(ops, str) else ops))
-    for name in names:
-        if name not in OPS:
-            raise ValueError(f"opselect.enable: unknown op {name!r}; expected some of "
-                             f"{', '.join(OPS)}")
+    if ops is None:
+        names = tuple(op for op in OPS if op not in OFF_BY_DEFAULT)
+    else:
+        names = []
+        for name in ([ops] if isinstance(ops, str) else ops):
+            if name not in OPS:
+                raise ValueError(f"opselect.enable: unknown op {name!r}; expected some of "
+                                 f"{', '.join(OPS)}")
+            names.extend(n for n in _GROUPS.get(name, (name,)) if n not in names)
+        names = tuple(names)
     backends = dict(backends or {})
     from .dispatch import get_op
 
@@ -242,13 +279,12 @@ def _checked(ops: Optional[Iterable[str]], backends: Optional[Mapping[str, str]]
 
 def enable(ops: Optional[Iterable[str]] = None,
            backends: Optional[Mapping[str, str]] = None) -> None:
-    """Route this thread's torch calls of `ops` (default: all of isin, topk, permute, softmax,
-    log_softmax) through opselect until disable(). `backends` forces a backend per op
-    ({"softmax": "fused"}); otherwise the dispatcher chooses. Calling enable() again changes
-    which ops are routed."""
+    """Route this thread's torch calls of `ops` (default: isin, topk, permute, softmax and
+    log_softmax; matmul and linear only when named: "matmul" routes both) through opselect
+    until disable(). `backends` forces a backend per op ({"softmax": "fused"}); otherwise the
+    dispatcher chooses. Calling enable() again changes which ops are routed."""
     names, forced = _checked(ops, backends)
-    if getattr(_thread, "lease", None) is None:
-        _acquire()
+    _acquire(names)
     _set_router(_state.Router(names, forced))
 
 
@@ -278,6 +314,8 @@ def enabled(ops: Optional[Iterable[str]] = None,
             disable()
         return
     before = _state.current()
+    with _install_lock:
+        _install(names)
     _set_router(_state.Router(names, forced))
     try:
         yield

@@ -10,6 +10,10 @@ A spec is a list of entries (YAML or JSON):
       shapes: [[64, 128000]]
       dtypes: [bfloat16]
       options: {k: 50}
+    - op: linear                          # input, weight (out_features x in_features)
+      shapes: [[16, 4096], [11008, 4096]]
+      dtypes: [bfloat16]
+      options: {bias: false}
 
 An entry may give `cases: [[...shapes...], ...]` instead of `shapes` for several shape sets. Each
 op's `sample(shapes, dtype, options, device)` turns an entry into real arguments (random data of

@@ -303,6 +303,12 @@ def _empty_calls():
     yield "softmax", (h, 1), {"dtype": torch.float32}, lambda: torch.softmax(h, 1,
                                                                              dtype=torch.float32)
     yield "log_softmax", (torch.randn(0, 7), -1), {}, lambda: torch.empty(0, 7)
+    ma, mb = torch.randn(2, 0, 4), torch.randn(4, 3)
+    yield "matmul", (ma, mb), {}, lambda: torch.matmul(ma, mb)
+    ka, kb = torch.randn(3, 0, dtype=torch.float16), torch.randn(0, 5, dtype=torch.float16)
+    yield "matmul", (ka, kb), {}, lambda: torch.matmul(ka, kb)  # k = 0: zeros
+    lx, lw, lb = torch.randn(4, 0), torch.randn(5, 0), torch.randn(5)
+    yield "linear", (lx, lw, lb), {}, lambda: torch.nn.functional.linear(lx, lw, lb)  # the bias
 
 
 def test_an_empty_call_reaches_no_plan_and_no_launch(cpu_triton, monkeypatch):

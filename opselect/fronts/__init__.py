@@ -8,6 +8,10 @@
                       takes over
     fronts/_base.py   what the fronts share (routing helpers, torch-only answers)
 
+softmax.py serves softmax and log_softmax; matmul.py serves matmul and linear (torch.addmm's
+bias-row form too), with _matmul_rules.py beside it (its route key, out=, and its Function's
+gradients, tangents and vmap rules).
+
 The machinery they use is cross-op: library.py (the library handle, the trace-time rule),
 transforms.py (watched(), batching), routing.py (installing the wrappers). An op's kernels and
 backends are in opselect/kernels/<op>/. A new op is one kernels/<op>/ package plus one front.
