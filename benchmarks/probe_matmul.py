@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -132,6 +133,68 @@ def graph_rotate(rounds: int, bw: float) -> list[dict]:
     return rows
 
 
+def explain_tuned() -> None:
+    """Tune a few calls as `opselect warm` does and print every candidate's measured host and
+    device time and the choice: a check of what tuning decides on products."""
+    import opselect
+    from opselect.warm import warm_call
+
+    cases = [("linear", (torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16),
+                         torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)), {}),
+             ("matmul", (torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16),
+                         torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)), {}),
+             ("matmul", (torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16),
+                         torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)), {})]
+    for name, args, kwargs in cases:
+        op = mm.LINEAR_OP if name == "linear" else mm.MATMUL_OP
+        warm_call(op.name, args, kwargs)
+        d = op.explain(*args, **kwargs)
+        print(name, [tuple(a.shape) for a in args], "choice", d.choice, d.source)
+        for c in d.candidates:
+            print(f"   {c.name:<11} predicted {c.predicted_s and c.predicted_s * 1e6:.1f} us, "
+                  f"measured {c.measured_s and c.measured_s * 1e6} host "
+                  f"{c.measured_host_s and c.measured_host_s * 1e6} device "
+                  f"{c.measured_device_s and c.measured_device_s * 1e6} config {c.config}")
+        opselect.forget()
+
+
+def host_times() -> None:
+    """Host microseconds per call of back-to-back calls queued behind a sleeping device (as
+    tuning's stage 2 measures host time): torch's ops against the routes of ops.matmul /
+    ops.linear, to see what an eager call's host part is."""
+    from opselect import ops
+
+    bf = torch.bfloat16
+    x, w = torch.randn(512, 4096, device="cuda", dtype=bf), torch.randn(4096, 4096, device="cuda", dtype=bf)
+    a = torch.randn(1024, 1024, device="cuda", dtype=bf)
+    a32 = torch.randn(1024, 1024, device="cuda")
+    fns = {
+        "F.linear 512x4096x4096": lambda: torch.nn.functional.linear(x, w),
+        "torch.matmul 1024 bf16": lambda: torch.matmul(a, a),
+        "torch.mm 1024 bf16": lambda: torch.mm(a, a),
+        "torch.matmul 1024 fp32": lambda: torch.matmul(a32, a32),
+        "ops.linear tiled": lambda: ops.linear(x, w, backend="tiled"),
+        "ops.linear torch": lambda: ops.linear(x, w, backend="torch"),
+        "ops.matmul tiled": lambda: ops.matmul(a, a, backend="tiled"),
+        "ops.matmul auto": lambda: ops.matmul(a, a),
+        "x + 1": lambda: x + 1,
+    }
+    for _ in range(2):
+        for name, fn in fns.items():
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(5):
+                torch.cuda._sleep(int(2e8))
+                start = time.perf_counter()
+                for _ in range(20):
+                    fn()
+                samples.append((time.perf_counter() - start) / 20 * 1e6)
+                torch.cuda.synchronize()
+            print(f"{name:<26} host {statistics.median(samples):6.1f} us  (min {min(samples):.1f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -141,7 +204,16 @@ def main() -> None:
                     help="decode shapes only, with a grid of configs beyond the backends' lists")
     ap.add_argument("--graph-rotate", action="store_true",
                     help="decode shapes replayed from a CUDA graph over distinct weights")
+    ap.add_argument("--explain-tuned", action="store_true",
+                    help="tune a few calls and print what tuning measured and chose")
+    ap.add_argument("--host", action="store_true", help="host time per call of torch's and ours")
     args = ap.parse_args()
+    if args.host:
+        host_times()
+        return
+    if args.explain_tuned:
+        explain_tuned()
+        return
     if args.graph_rotate:
         rows = graph_rotate(args.rounds, copy_bw())
         if args.json:

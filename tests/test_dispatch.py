@@ -224,3 +224,29 @@ def test_close_contenders_are_measured_twice(monkeypatch):
     results.update(a=[1.0, 1.1], b=[1.45, 0.9])
     asked.clear()
     assert tuning_mod.measure_all(items[:2], torch.device("cpu")) == [1.0, 0.9]
+
+
+def test_a_host_only_win_over_torch_must_be_clear():
+    """A candidate slower than torch on the device that wins the eager time by its host time
+    alone is chosen only past HOST_WIN_MARGIN (host times on a shared machine are the noisy
+    ones); one that is as fast or faster on the device keeps the usual margin."""
+    from opselect.dispatch.choices import HOST_WIN_MARGIN, MEASURED_TORCH_MARGIN, choose
+    from opselect.dispatch.decision import Candidate
+
+    def measured(name, host, device):
+        return Candidate(name, None, measured_s=max(host, device), measured_host_s=host,
+                         measured_device_s=device)
+
+    # cuBLAS 25 us on the device behind 48 us of host; the kernel 40 us of device: an 18% host win.
+    torch_ = measured("torch", 48e-6, 25e-6)
+    kernel = measured("tiled", 33e-6, 40e-6)
+    assert kernel.measured_s < MEASURED_TORCH_MARGIN * torch_.measured_s
+    assert choose([torch_, kernel], Candidate.time, MEASURED_TORCH_MARGIN) is torch_
+    # The same kernel far ahead on the host (past the margin) is taken.
+    slow_host = measured("torch", 60e-6, 25e-6)
+    assert kernel.measured_s < HOST_WIN_MARGIN * slow_host.measured_s
+    assert choose([slow_host, kernel], Candidate.time, MEASURED_TORCH_MARGIN) is kernel
+    # Ahead on the device too: the usual margin (a 10% win is taken).
+    device_win = measured("splitk", 33e-6, 43e-6)
+    torch_close = measured("torch", 48e-6, 45e-6)
+    assert choose([torch_close, device_win], Candidate.time, MEASURED_TORCH_MARGIN) is device_win
