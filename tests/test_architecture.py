@@ -275,7 +275,8 @@ def test_no_backend_of_the_kernels_writes_its_own_run():
     assert not own_run, f"backend classes with a run() of their own (write _launch): {own_run}"
     # (opselect's ops: a test's own op may write run, as a user's backend still may)
     ours = [op for op in all_ops() if op.prepare.__module__.startswith("opselect.kernels.")]
-    assert {op.name for op in ours} >= {"isin", "topk", "permute", "softmax", "log_softmax"}
+    assert {op.name for op in ours} >= {"isin", "topk", "permute", "softmax", "log_softmax",
+                                         "matmul", "linear"}
     for op in ours:
         for backend in op.backends[1:]:  # (torch's op answers every call itself: TorchBackend)
             assert type(backend).run is Backend.run, (op.name, backend.name)
@@ -373,11 +374,19 @@ def _calls(op_name: str):
         for shape, k in (((4, 300), 5), ((2, 9000), 20), ((1, 20000), 3), ((3, 64), 1)):
             for dtype in (torch.float32, torch.int64):
                 yield (torch.randn(*shape, generator=g).mul(100).to(dtype), k), {}
+    elif op_name == "matmul":
+        for a, b in (((3, 300), (300, 40)), ((2, 70, 40), (40, 130))):
+            yield (torch.randn(*a, generator=g), torch.randn(*b, generator=g)), {}
+    elif op_name == "linear":
+        yield (torch.randn(5, 300, generator=g).half(), torch.randn(33, 300, generator=g).half(),
+               torch.randn(33, generator=g).half()), {}
 
 
 @pytest.mark.slow  # (make test-all; see the Makefile)
-@pytest.mark.parametrize("op_name", ["isin", "permute", "softmax", "log_softmax", "topk"])
+@pytest.mark.parametrize("op_name", ["isin", "permute", "softmax", "log_softmax", "topk",
+                                     "matmul", "linear"])
 def test_every_launched_kernel_is_in_its_backends_hash(cpu_triton, op_name):
+    _kernel_backend_classes()  # (imports every kernels package: each registers its ops)
     op = next(o for o in all_ops() if o.name == op_name)
     launched: list = []
     previous = Launcher.observer

@@ -148,3 +148,37 @@ def test_torch_spatial_softmax_walks_small_tensors_faster():
     assert 80e-6 < mid < 180e-6, mid
     big = plan((3, 99727, 224), 1, torch.float32)["torch"].predicted_s
     assert 60e-3 < big < 160e-3, big
+
+
+def test_matmul_roofline_bounds():
+    """matmul / linear on the H200's defaults: no backend is predicted faster than its bytes at
+    the copy bandwidth or its FLOPs at the dense peak; a decode product is memory-bound (the
+    weight read once), a large square one compute-bound."""
+    from opselect.heuristics import matmul as cost
+    from opselect.kernels.matmul import LINEAR_OP, MATMUL_OP
+
+    model = defaults_for(H200)
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    for op, args, bound in (
+            (LINEAR_OP, (meta(1, 4096), meta(11008, 4096), meta(11008)), "memory"),
+            (MATMUL_OP, (meta(8192, 8192), meta(8192, 8192)), "compute"),
+            (MATMUL_OP, (meta(1000, 3000, dtype=torch.float16),
+                         meta(3000, 777, dtype=torch.float16)), None),
+            (MATMUL_OP, (meta(8, 512, 512, dtype=torch.float32),
+                         meta(8, 512, 512, dtype=torch.float32)), None)):
+        call = op.prepare(*args)
+        call.info = H200
+        floor_memory = cost.traffic(call) / model.bandwidth
+        floor_compute = call.flops / cost.peak(model, call)
+        for cand in op.plan(call, model, check_device=False):
+            if not cand.supported:
+                continue
+            assert cand.predicted_s >= max(floor_memory, floor_compute), (cand.name,
+                                                                          call.describe())
+            if bound == "memory":
+                assert cand.predicted_s < 3 * floor_memory, (cand.name, cand.parts)
+            elif bound == "compute":
+                assert cand.predicted_s < 3 * floor_compute, (cand.name, cand.parts)

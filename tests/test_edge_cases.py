@@ -17,6 +17,7 @@ from opselect import ops
 from opselect.dispatch import get_op
 from opselect.errors import BackendError
 from opselect.dispatch.device import INTERPRETED
+from opselect.kernels.matmul import LINEAR_OP, MATMUL_OP, prepare_addmm
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="interpreter")),
@@ -104,6 +105,42 @@ def test_isin_with_an_empty_side(device, m, n, invert):
             assert got.shape == ref.shape and torch.equal(got, ref), backend
 
 
+MATMUL_EMPTY = [((0, 5), (5, 3)), ((3, 0), (0, 4)), ((2, 3, 0), (0, 4)), ((0,), (0,)),
+                ((4, 300), (300, 0)), ((0, 2, 3), (3, 4)), ((3, 0), (2, 0, 5))]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", MATMUL_EMPTY)
+def test_matmul_with_nothing_to_compute(device, a_shape, b_shape):
+    # (MATMUL_OP itself: the kernels' op, until ops.matmul calls it)
+    a = torch.randn(a_shape, device=device, dtype=torch.bfloat16)
+    b = torch.randn(b_shape, device=device, dtype=torch.bfloat16)
+    ref = torch.matmul(a, b)
+    for backend in every_backend("matmul"):
+        got = forced(MATMUL_OP, a, b, backend=backend)
+        assert got is not None, backend  # (an empty call: every backend answers it)
+        assert got.shape == ref.shape and got.dtype == ref.dtype and got.device == ref.device
+        assert torch.equal(got, ref), backend
+
+
+@pytest.mark.parametrize("x_shape", [(3, 0), (0,), (2, 4, 0), (0, 7)])
+def test_linear_and_addmm_with_nothing_to_compute(device, x_shape):
+    k = x_shape[-1]
+    x = torch.randn(x_shape, device=device)
+    w, bias = torch.randn(5, k, device=device), torch.randn(5, device=device)
+    for b in (bias, None, bias[:1].reshape(())):
+        ref = torch.nn.functional.linear(x, w, b)
+        for backend in every_backend("linear"):
+            got = forced(LINEAR_OP, x, w, b, backend=backend)
+            assert got is not None and got.shape == ref.shape, backend
+            assert torch.equal(got, ref), (backend, b)
+    if len(x_shape) == 2:
+        for b in (bias, bias.view(1, 5)):
+            ref = torch.addmm(b, x, w.t())
+            for backend in every_backend("linear"):
+                got = LINEAR_OP.run(prepare_addmm(b, x, w.t()), backend)
+                assert got.shape == ref.shape and torch.equal(got, ref), backend
+
+
 # -- subnormal values ---------------------------------------------------------------------------
 def smallest_subnormal(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
@@ -173,6 +210,38 @@ def test_subnormal_inputs_of_softmax(device, dtype):
         got = forced(ops.softmax, x, -1, backend=backend)
         if got is not None:
             torch.testing.assert_close(got, torch.softmax(x, -1), msg=backend)
+
+
+@pytest.mark.parametrize("dtype", FLOATS[:3])
+def test_subnormals_in_matmul(device, dtype):
+    """Subnormal inputs times exact factors (+-1, 2, 0): their products and sums are exact, so
+    the answer is torch's bit for bit; on CUDA a kernel may flush a subnormal result to zero
+    (the hardware's choice), nothing else."""
+    s = smallest_subnormal(dtype)
+    tiny = torch.finfo(dtype).smallest_normal
+    a = torch.tensor([[s, -s, 2 * s, 0.0], [tiny / 2, 1.0, -1.0, s], [tiny, -tiny, s, -0.0]],
+                     dtype=torch.float64).to(dtype).to(device)
+    b = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, -1.0], [1.0, 0.0, 1.0], [2.0, 0.0, 0.0]],
+                     dtype=torch.float64).to(dtype).to(device)
+    assert bits(a[0, 0]).item() == 1, "the smallest subnormal must not have been flushed"
+    ref = torch.matmul(a, b)
+    flushed = None
+    if device == "cpu" and dtype == torch.bfloat16:
+        # (Triton's interpreter reads bfloat16 subnormals as 0.0: its kernels see those inputs)
+        def flush(t):
+            return torch.where(t.abs() < tiny, torch.zeros_like(t), t)
+
+        flushed = torch.matmul(flush(a), flush(b))
+    for backend in every_backend("matmul"):
+        got = forced(MATMUL_OP, a, b, backend=backend)
+        if got is None:
+            continue
+        same = got == ref
+        if flushed is not None and backend != "torch":
+            same |= got == flushed
+        if device == "cuda":
+            same |= (got == 0) & (ref.abs() < tiny)
+        assert bool(same.all()), (backend, got.tolist(), ref.tolist())
 
 
 # -- lazy negative views ------------------------------------------------------------------------

@@ -10,7 +10,8 @@ every backend, and compared with torch's op on the same call.
             mixed in
   judged    isin, topk's values (and the input gathered at its indices) and permute bit for bit;
             softmax / log_softmax within torch's tolerance for the dtype, or as close to the
-            float64 answer as torch is, and their gradients likewise
+            float64 answer as torch is, and their gradients likewise; matmul / linear / addmm
+            as close to the float64 product as torch's (tests/test_matmul.py's check)
 
 Hypothesis draws are derandomized (the same examples every run, so CI is reproducible); each
 failure prints a reproducer. `pytest --fuzz-examples N tests/test_fuzz.py` (or
@@ -100,8 +101,9 @@ def _specials(dtype: torch.dtype) -> list:
 
 
 @st.composite
-def values(draw, shape: tuple, dtype: torch.dtype, specials: bool = True, pool: int = 0):
-    """A contiguous tensor of `shape`: random values, some specials, some duplicates."""
+def values(draw, shape: tuple, dtype: torch.dtype, specials: bool | list = True, pool: int = 0):
+    """A contiguous tensor of `shape`: random values, some specials (_specials(dtype), or the
+    list given), some duplicates."""
     seed = draw(st.integers(0, 2**31 - 1))
     gen = torch.Generator().manual_seed(seed)
     n = math.prod(shape)
@@ -119,7 +121,8 @@ def values(draw, shape: tuple, dtype: torch.dtype, specials: bool = True, pool: 
         flat = flat[torch.randint(0, min(pool, n), (n,), generator=gen)]
     x = flat.to(dtype) if dtype.is_floating_point else flat.to(dtype)
     if specials and n and draw(st.booleans()):
-        special = torch.tensor(_specials(dtype), dtype=torch.float64 if dtype.is_floating_point
+        chosen = specials if isinstance(specials, list) else _specials(dtype)
+        special = torch.tensor(chosen, dtype=torch.float64 if dtype.is_floating_point
                                else torch.int64).to(dtype)
         count = draw(st.integers(1, max(1, n // 4)))
         where = torch.randint(0, n, (count,), generator=gen)
@@ -505,5 +508,82 @@ def test_softmax_matches_torch(gpu):
     @given(_softmax_case(gpu))
     def check(case):
         _run_softmax(*case)
+
+    check()
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul / linear / addmm (their ops directly: kernels/matmul, until ops.matmul calls them)
+# ---------------------------------------------------------------------------------------------
+def _matmul_specials() -> list:
+    # No values near the dtype's largest: a sum that overflows in one order and not in another
+    # (max + max - max) is no bug, in torch's order or ours.
+    return [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-30, -1.0, 1.0]
+
+
+def _matmul_case(gpu: bool):
+    sizes = st.sampled_from([1, 2, 3, 7, 16, 17, 33, 40] + ([130, 300] if gpu else []))
+    ks = st.sampled_from([0, 1, 5, 16, 33, 64, 100, 256, 300] + ([1000, 4100] if gpu else []))
+
+    @st.composite
+    def case(draw):
+        device = "cuda" if gpu else "cpu"
+        dtype = draw(st.sampled_from((torch.float16, torch.bfloat16, torch.float32)))
+        form = draw(st.sampled_from(["matmul", "matmul", "linear", "addmm"]))
+        m = 0 if draw(st.integers(0, 30)) == 0 else draw(sizes)
+        n = 0 if draw(st.integers(0, 30)) == 0 else draw(sizes)
+        k = draw(ks)
+        kw = dict(specials=_matmul_specials())
+
+        def operand(shape):
+            return draw(laid_out(tuple(shape), dtype, device, **kw))
+
+        if form == "matmul":
+            batch = draw(st.lists(st.integers(1, 3), max_size=2))
+            a_batch = [b if draw(st.booleans()) else 1 for b in batch][draw(st.integers(0, 2)):]
+            b_batch = [b if draw(st.booleans()) else 1 for b in batch][draw(st.integers(0, 2)):]
+            a_shape = [k] if draw(st.integers(0, 5)) == 0 else [*a_batch, m, k]
+            b_shape = [k] if draw(st.integers(0, 5)) == 0 else [*b_batch, k, n]
+            return form, (operand(a_shape), operand(b_shape))
+        if form == "linear":
+            lead = draw(st.sampled_from([[], [m], [m], [2, m]]))
+            bias = draw(st.sampled_from([None, [n], []]))
+            return form, (operand([*lead, k]), operand([n, k]),
+                          None if bias is None else operand(bias))
+        bias = draw(st.sampled_from([[n], [1, n], [1]]))
+        return form, (operand(bias), operand([m, k]), operand([k, n]))
+
+    return case()
+
+
+def _run_matmul(form, args):
+    from opselect.kernels.matmul import LINEAR_OP, MATMUL_OP, prepare_addmm
+    from test_matmul import check
+
+    op = MATMUL_OP if form == "matmul" else LINEAR_OP
+    what = f"{form}(" + ", ".join(
+        "None" if t is None else f"{tuple(t.shape)} stride {t.stride()} {t.dtype}"
+        for t in args) + ")"
+    call = prepare_addmm(*args) if form == "addmm" else op.prepare(*args)
+    for b in _backends(op.name):
+        try:
+            got = op.run(call, b)
+        except BackendError:
+            assert b is not None, f"auto refused {what}"
+            continue
+        check(got, form, args, f"{what}, backend={b}")
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu,
+                                                                  pytest.mark.slow])],
+                         ids=["interpreter", "cuda"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_matmul_matches_torch(gpu):
+    _device(gpu)
+
+    @_settings(gpu)
+    @given(_matmul_case(gpu))
+    def check(case):
+        _run_matmul(*case)
 
     check()

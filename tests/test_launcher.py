@@ -205,3 +205,21 @@ def test_a_repeated_call_launches_through_the_c_launcher():
     torch.testing.assert_close(y, torch.softmax(x, -1))
     launch = seen[-1].kernels[0]
     assert launch.__qualname__.startswith("_c_launch"), launch.__qualname__
+
+
+@pytest.mark.parametrize("package", ["softmax", "matmul"])
+def test_a_package_names_every_launcher_it_has(package):
+    """A kernels package's LAUNCHERS (what tests watch and launch under checked specs) holds
+    every Launcher its modules define, each under its kernel's name."""
+    import importlib
+    import pkgutil
+
+    root = importlib.import_module(f"opselect.kernels.{package}")
+    found = {}
+    for info in pkgutil.walk_packages(root.__path__, root.__name__ + "."):
+        for value in vars(importlib.import_module(info.name)).values():
+            if isinstance(value, Launcher):
+                found[value.fn.__name__] = value
+    assert found, package
+    assert set(root.LAUNCHERS) == set(found), sorted(set(root.LAUNCHERS) ^ set(found))
+    assert all(root.LAUNCHERS[name] is found[name] for name in found)
