@@ -146,7 +146,7 @@ def config_calls(backend: str, dtype, device="cpu"):
     """(form, args, name) of calls reaching each tile list of the backend (decode-sized, up to
     64 rows and more rows), with and without a bias; sizes multiples of no tile."""
     r = lambda *s: rand(*s, dtype=dtype, device=device)  # noqa: E731
-    if backend == "splitk":  # (k >= 256)
+    if backend == "splitk":  # (k > 256)
         return [("matmul", (r(3, 300), r(300, 70)), "decode"),
                 ("linear", (r(40, 520), r(33, 520), r(33)), "<=64 rows"),
                 ("addmm", (r(1, 45), r(130, 260), r(260, 45)), "rows")]
@@ -198,7 +198,7 @@ def test_persistent_programs_walk_several_tiles(cpu_triton, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # forms: torch.matmul's 1-d to n-d, F.linear, torch.addmm
 # ---------------------------------------------------------------------------------------------
-K = 257  # (split-k takes k >= 256; a multiple of no block_k)
+K = 257  # (split-k takes k > 256; a multiple of no block_k)
 
 
 def forms(device="cpu"):
@@ -305,7 +305,7 @@ def test_sizes_no_tile_divides(cpu_triton, backend):
 
 def test_splitk_sizes(cpu_triton):
     torch.manual_seed(7)
-    for m, k, n in ((1, 256, 1), (3, 257, 17), (17, 300, 33), (70, 1000, 3)):
+    for m, k, n in ((1, 257, 1), (3, 258, 17), (17, 300, 33), (70, 1000, 3)):
         for dtype in (torch.float32, torch.float16):
             a = torch.randint(-3, 4, (m, k)).to(dtype)
             b = torch.randint(-3, 4, (k, n)).to(dtype)
@@ -413,8 +413,6 @@ def test_nothing_to_compute(cpu_triton, name):
         assert torch.equal(got, want), (name, backend)
 
 
-@pytest.mark.xfail(strict=True, reason="k = 0 with a bias: empty_result adds the bias to +0.0 "
-                   "zeros, so a -0.0 in the bias comes back +0.0; torch returns the bias itself")
 def test_k0_keeps_a_negative_zero_bias(cpu_triton):
     x, w = torch.randn(3, 0), torch.randn(4, 0)
     bias = torch.tensor([-0.0, 1.0, -0.0, 2.0])

@@ -24,7 +24,7 @@ from opselect.fronts import matmul as front
 from opselect.kernels import _common
 from opselect.kernels.matmul import LINEAR_OP, MATMUL_OP
 
-TRITON = ["tiled", "persistent"]  # splitk takes k >= 256 only: its own cases below
+TRITON = ["tiled", "persistent"]  # splitk takes k > 256 only: its own cases below
 BACKENDS = [None, "torch", *TRITON]
 #: (atol, rtol) against torch's product (one rounding of a float32 sum either way)
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3),
@@ -109,7 +109,7 @@ def test_linear_as_torch(cpu_triton, form, backend):
 
 
 def test_splitk(cpu_triton):
-    """splitk's calls (k of 256 and more, few rows): matmul and linear with a bias."""
+    """splitk's calls (k past 256, few rows): matmul and linear with a bias."""
     a, b = _t(3, 300), _t(300, 20, seed=1)
     close(ops.matmul(a, b, backend="splitk"), a @ b)
     w, bias = _t(20, 300, seed=2), _t(20, seed=3)

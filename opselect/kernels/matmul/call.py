@@ -76,11 +76,12 @@ class MatmulCall(Call):
         return self.batch * self.m * self.n == 0 or self.k == 0
 
     def empty_result(self) -> torch.Tensor:
-        # No products (k = 0): zeros, plus the bias where there is one, as torch gives.
-        out = torch.zeros(self.out_shape, dtype=self.dtype, device=self.a.device)
-        if self.bias is not None and out.numel():
-            out += self.bias_row().view(-1)
-        return out
+        # No products (k = 0): zeros, or the bias itself broadcast where there is one, as torch
+        # gives (copied, not added to zeros: 0.0 + -0.0 is +0.0, torch keeps the -0.0).
+        if self.bias is None or not math.prod(self.out_shape):
+            return torch.zeros(self.out_shape, dtype=self.dtype, device=self.a.device)
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.a.device)
+        return out.copy_(self.bias_row().expand(self.out_shape))
 
     def bias_row(self) -> torch.Tensor:
         """The bias as its (n,) or (1,) view (torch's broadcast of what the form was given)."""

@@ -20,10 +20,6 @@ from .call import MatmulCall
 #: output is rounded to nearest even by hand. Compiled kernels keep the hardware's paths.
 _INTERPRETED = tl.constexpr(INTERPRETED)
 
-#: The most batch entries a launch takes (the grid's second and third dims are 16-bit).
-MAX_BATCH = 65535
-
-
 # ---------------------------------------------------------------------------------------------
 # The jit pieces
 # ---------------------------------------------------------------------------------------------
@@ -128,10 +124,9 @@ class MatmulBackend(PlannedBackend):
 
     CONFIG_KEYS: frozenset = frozenset()
 
-    def supports(self, call: MatmulCall) -> str | None:
-        if call.batch > MAX_BATCH:
-            return f"a batch of {call.batch} (the kernels take at most {MAX_BATCH})"
-        return None
+    # supports(): a backend's verdict must be the same for every call of one key (the
+    # dispatcher remembers a forced or tuned choice per key), so limits are drawn on the
+    # edges of the key's size buckets (dispatch/signature.py).
 
     def plan_facts(self, call: MatmulCall) -> tuple:
         return call.exact

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...dispatch.signature import bucket
 from ...heuristics import matmul as cost
 from .._common import allocator, cdiv, per_stream, plan_launcher
 from .call import MatmulCall
@@ -22,6 +23,8 @@ from .common import MatmulBackend, block_index, ints_of, store_tile, tile_of, ti
 
 #: Counters per stream: a launch takes at most this many tiles (batch included).
 MAX_TILES = 1 << 14
+#: k up to this is too short to split (a bucket edge: 129 to 256 share a key)
+MIN_K = 256
 
 
 @triton.jit
@@ -118,13 +121,15 @@ class SplitKBackend(MatmulBackend):
     estimate = staticmethod(cost.splitk)
 
     def supports(self, call: MatmulCall) -> str | None:
-        reason = super().supports(call)
-        if reason is None and call.k < 256:
-            reason = f"k = {call.k}: too short to split (splitk takes k >= 256)"
-        if reason is None and cdiv(call.m, 16) * cdiv(call.n, 32) * call.batch > MAX_TILES:
-            reason = (f"{call.batch} x {call.m} x {call.n} outputs are more tiles than splitk's "
-                      f"{MAX_TILES} counters (it is for products of few tiles)")
-        return reason
+        # On the key's bucket edges (MatmulBackend): k up to 256 is one bucket, and the tile
+        # count is that of the bucket's largest sizes.
+        if call.k <= MIN_K:
+            return f"k = {call.k}: too short to split (splitk takes k > {MIN_K})"
+        most = cdiv(bucket(call.m), 16) * cdiv(bucket(call.n), 32) * bucket(call.batch)
+        if most > MAX_TILES:
+            return (f"{call.batch} x {call.m} x {call.n} outputs are more tiles than splitk's "
+                    f"{MAX_TILES} counters (it is for products of few tiles)")
+        return None
 
     def configs(self, call: MatmulCall) -> list[dict]:
         f32 = call.dtype == torch.float32

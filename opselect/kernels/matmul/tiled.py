@@ -23,10 +23,14 @@ def _tiled_kernel(a, b, bias, c, M, N, K, sab, sam, sak, sbb, sbk, sbn, sbias,
                   block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
                   group_m: tl.constexpr, even_k: tl.constexpr, tf32: tl.constexpr,
                   has_bias: tl.constexpr, wide: tl.constexpr):
-    batch = tl.program_id(1)
+    # One grid dim for tiles and batch entries: the second and third take at most 65535.
+    grid_m = tl.cdiv(M, block_m)
+    grid_n = tl.cdiv(N, block_n)
+    program = tl.program_id(0)
+    batch = program // (grid_m * grid_n)
     if wide:
         batch = batch.to(tl.int64)
-    pm, pn = tile_of(tl.program_id(0), tl.cdiv(M, block_m), tl.cdiv(N, block_n), group_m)
+    pm, pn = tile_of(program % (grid_m * grid_n), grid_m, grid_n, group_m)
     rm = block_index(pm, block_m, wide)
     rn = block_index(pn, block_n, wide)
     acc = tile_product(a + batch * sab, b + batch * sbb, rm, rn, 0, K, M, N, sam, sak, sbk, sbn,
@@ -54,8 +58,8 @@ class TiledPlan:
     batch: int
 
     @property
-    def grid(self) -> tuple[int, int]:
-        return (self.tiles, self.batch)
+    def grid(self) -> tuple[int]:
+        return (self.tiles * self.batch,)
 
 
 tiled_plan = functools.lru_cache(maxsize=4096)(TiledPlan)
