@@ -149,6 +149,15 @@ def spec_entry(op: str, call: Any) -> dict[str, Any] | None:
         return {"op": "permute", "shapes": [list(call.input.shape)],
                 "dtypes": [_dtype_name(call.input.dtype)],
                 "options": {"dims": [int(d) for d in call.dims]}}
+    if op == "matmul":
+        # (the samples' layouts: a transposed operand is the transpose of a contiguous one)
+        return {"op": "matmul", "shapes": [list(call.a.shape), list(call.b.shape)],
+                "dtypes": [_dtype_name(call.dtype)],
+                "options": {"transpose_a": not call.layout[0], "transpose_b": call.layout[1]}}
+    if op == "linear" and call.form == "linear":
+        # (an addmm call's weight is (k, n), which no linear sample reproduces)
+        return {"op": "linear", "shapes": [list(call.a.shape), list(call.b.shape)],
+                "dtypes": [_dtype_name(call.dtype)], "options": {"bias": call.bias is not None}}
     return None
 
 

@@ -258,3 +258,34 @@ def test_freeze_from_the_environment(tmp_path, cpu_triton):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "records 0" in out.stdout
+
+
+def test_record_writes_matmul_and_linear_calls_warm_can_replay(tmp_path, cpu_triton):
+    """A recorded matmul (transposed operands included) and linear call give spec entries whose
+    samples prepare to the same keys; an addmm call, which no sample reproduces, is left out."""
+    from opselect.dispatch import get_op
+
+    spec = tmp_path / "calls.json"
+    a, b = torch.randn(6, 300), torch.randn(5, 300).t()  # B transposed (k contiguous)
+    x, w, bias = torch.randn(2, 3, 300), torch.randn(7, 300), torch.randn(7)
+    opselect.record(spec)
+    try:
+        ops.matmul(a, b)
+        ops.linear(x, w, bias)
+        opselect.enable(ops=["matmul"])
+        try:
+            torch.addmm(torch.randn(5), a, torch.randn(300, 5))
+        finally:
+            opselect.disable()
+    finally:
+        opselect.stop_recording()
+    entries = json.loads(spec.read_text())
+    assert [e["op"] for e in entries] == ["matmul", "linear"], entries
+    assert entries[0]["options"] == {"transpose_a": False, "transpose_b": True}
+    want = {"matmul": get_op("matmul").prepare(a, b).key,
+            "linear": get_op("linear").prepare(x, w, bias).key}
+    for entry in entries:
+        op = get_op(entry["op"])
+        args, kwargs = op.sample(entry["shapes"], getattr(torch, entry["dtypes"][0]),
+                                 entry["options"], torch.device("cpu"))
+        assert op.prepare(*args, **kwargs).key == want[entry["op"]], entry

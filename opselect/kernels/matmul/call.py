@@ -313,7 +313,9 @@ def plain_key(form: str, *tensors) -> tuple | None:
         if t is None:
             parts.append(None)
             continue
-        if type(t) is not torch.Tensor or t.is_neg() or t.is_conj():
+        # (an nn.Parameter is keyed as the plain tensor it is: nn.Linear's weight and bias)
+        if (type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter) or t.is_neg() \
+                or t.is_conj():
             return None
         parts.append((t.shape, t.stride(), t.dtype, t.device))
     return tuple(parts)
