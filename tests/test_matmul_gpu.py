@@ -155,7 +155,7 @@ def test_gpu_offsets_past_2_to_the_31(cuda):
         pytest.skip("needs 16 GB of free GPU memory")
     torch.manual_seed(25)
     a = torch.empty(600_000, 4096, dtype=torch.bfloat16, device=cuda).normal_()
-    b = rand(4096, 48, device=cuda) / 64
+    b = rand(4096, 48, dtype=torch.bfloat16, device=cuda) / 64
     call = prepare("matmul", (a, b))
     for backend in TRITON:
         if not supported("matmul", (a, b), backend):
