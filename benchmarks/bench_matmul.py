@@ -75,7 +75,7 @@ MATMUL = ([((n, n), (n, n), BF16, False, False) for n in (1024, 2048, 4096, 8192
            ((32, 512, 64), (32, 64, 512), BF16, True, False),
            ((32, 512, 512), (32, 512, 64), BF16, False, False),
            ((8, 2048, 2048), (8, 2048, 2048), BF16, False, False)])
-SMOKE_LINEAR = [(1, (96, 64), BF16, False), (2, (32, 256), BF16, False),
+SMOKE_LINEAR = [(1, (96, 64), BF16, False), (2, (32, 288), BF16, False),
                 (5, (40, 70), F16, True)]
 SMOKE_MATMUL = [((48, 40), (40, 24), F32, False, False), ((32, 48), (48, 40), F32, False, True),
                 ((2, 24, 32), (2, 32, 16), BF16, True, False)]
