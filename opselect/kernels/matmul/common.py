@@ -13,11 +13,12 @@ import triton.language as tl
 from ...dispatch.backend import PlannedBackend
 from ...dispatch.device import INTERPRETED
 from .._common import allocator, check_config, needs_int64
+from .._jit import ROUND_BF16_BY_HAND, bf16_nearest_even
 from .call import MatmulCall
 
-#: Triton's interpreter converts float32 to bfloat16 by truncation and its dot of bfloat16
-#: tiles is wrong (garbage sums): under it the tiles go to float32 before the dot and the
-#: output is rounded to nearest even by hand. Compiled kernels keep the hardware's paths.
+#: Triton's interpreter's dot of bfloat16 tiles is wrong (garbage sums): under it the tiles go
+#: to float32 before the dot (and the output is rounded by hand: kernels/_jit.py). Compiled
+#: kernels keep the hardware's paths.
 _INTERPRETED = tl.constexpr(INTERPRETED)
 
 # ---------------------------------------------------------------------------------------------
@@ -76,14 +77,6 @@ def tile_product(a, b, rm, rn, k_lo, k_len, M, N, sam, sak, sbk, sbn,
 
 
 @triton.jit
-def _bf16_nearest_even(v):
-    bits = v.to(tl.uint32, bitcast=True)
-    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-    rounded = tl.where(v != v, 0x7FC0, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
 def store_tile(c, bias, acc, rm, rn, M, N, sbias, has_bias: tl.constexpr):
     """C[rm, rn] = acc (+ bias[rn]), the bias added in float32 and the sum rounded once, as
     cuBLAS's bias epilogue does; c points at this batch entry's (M, N) output."""
@@ -91,9 +84,9 @@ def store_tile(c, bias, acc, rm, rn, M, N, sbias, has_bias: tl.constexpr):
         acc += tl.load(bias + rn * sbias, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     ptrs = c + rm[:, None] * N + rn[None, :]
-    if _INTERPRETED:
+    if ROUND_BF16_BY_HAND:
         if c.dtype.element_ty == tl.bfloat16:
-            tl.store(ptrs, _bf16_nearest_even(acc), mask=mask)
+            tl.store(ptrs, bf16_nearest_even(acc), mask=mask)
             return
     tl.store(ptrs, acc.to(c.dtype.element_ty), mask=mask)
 

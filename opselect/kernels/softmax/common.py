@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...dispatch.device import INTERPRETED
+from .._jit import ROUND_BF16_BY_HAND, bf16_nearest_even
 from .._common import Launcher, allocator, cdiv, check_config, needs_int64, next_pow2, plan_launcher  # noqa: F401 (the backends import the last two from here)
 from .call import SoftmaxCall
 
@@ -68,22 +68,6 @@ def _merge(m, s, AXIS: tl.constexpr):
     return big, tl.sum(part, axis=AXIS, keep_dims=True)
 
 
-#: Triton's interpreter converts float32 to bfloat16 by truncation (toward zero; the GPU rounds
-#: to nearest even, as torch does): log_softmax of OpInfo's bfloat16 samples came out one unit
-#: in the last place from torch's, and farther from the exact answer. Under the interpreter
-#: _cast_for rounds by hand; compiled kernels keep the hardware conversion.
-_ROUND_BF16_BY_HAND = tl.constexpr(INTERPRETED)
-
-
-@triton.jit
-def _bf16_nearest_even(v):
-    """float32 -> bfloat16, rounded to nearest even on the bits (NaN stays a quiet NaN)."""
-    bits = v.to(tl.uint32, bitcast=True)
-    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-    rounded = tl.where(v != v, 0x7FC0, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
 @triton.jit
 def _cast_for(v, ptr):
     """v in the dtype `ptr` points to. float64 reaches bfloat16 through float32, as torch
@@ -93,10 +77,12 @@ def _cast_for(v, ptr):
     if v.dtype == tl.float64:
         if ptr.dtype.element_ty == tl.bfloat16:
             v = v.to(tl.float32)
-    if _ROUND_BF16_BY_HAND:
+    if ROUND_BF16_BY_HAND:
+        # (log_softmax of OpInfo's bfloat16 samples came out one unit in the last place from
+        # torch's under the interpreter's truncating conversion: kernels/_jit.py)
         if ptr.dtype.element_ty == tl.bfloat16:
             if v.dtype == tl.float32:
-                return _bf16_nearest_even(v)
+                return bf16_nearest_even(v)
     return v.to(ptr.dtype.element_ty)
 
 
