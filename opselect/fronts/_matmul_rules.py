@@ -26,7 +26,7 @@ from torch.compiler import is_compiling as _compiling
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..errors import TorchOnlyCall
 from ..kernels.matmul import prepare_linear, prepare_matmul
-from ..kernels.matmul.call import DTYPES, allow_tf32
+from ..kernels.matmul.call import DTYPES, plain_key
 from ..transforms import _bdim_first, batched
 from ._base import _STRIDED, _TENSOR, _UNSEEN, _known, _takes
 
@@ -39,21 +39,9 @@ _any_requires_grad = torch._C._any_requires_grad
 # ---------------------------------------------------------------------------------------------
 # The front's calls
 # ---------------------------------------------------------------------------------------------
-def route_key(form: str, *tensors) -> Optional[tuple]:
-    """The route key of a call: kernels/matmul's plain_key (the same tuple), with an
-    nn.Parameter keyed as the plain tensor it is. plain_key takes torch.Tensor only, and
-    nn.Linear's weight and bias are Parameters: without this no nn.Linear call would ever be
-    answered from its route."""
-    parts = [form, allow_tf32()]
-    for t in tensors:
-        if t is None:
-            parts.append(None)
-            continue
-        kind = type(t)
-        if (kind is not _TENSOR and kind is not _PARAMETER) or t.is_neg() or t.is_conj():
-            return None
-        parts.append((t.shape, t.stride(), t.dtype, t.device))
-    return tuple(parts)
+#: The route key of a call: kernels/matmul's plain_key (an nn.Parameter keyed as the plain
+#: tensor it is, so nn.Linear's calls are answered from their routes).
+route_key = plain_key
 
 
 def write_out(out, input, compute, torch_answer, *tensors):
