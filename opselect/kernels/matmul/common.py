@@ -68,7 +68,10 @@ def tile_product(a, b, rm, rn, k_lo, k_len, M, N, sam, sak, sbk, sbn,
             # same-signed terms loses about k/6 ulps that way (the H200 fuzz: 1000 equal
             # products 157 ulps off, cuBLAS's tree 2). Each step's block_k products are summed
             # apart and then added, which leaves block_k + k / block_k roundings in a row.
-            acc += tl.dot(x, y, input_precision="ieee")
+            # The select keeps Triton's combine pass from folding `acc + dot(x, y, 0)` back
+            # into dot(x, y, acc), one chain again (the H200 measured no change without it);
+            # k_len > 0 holds in every step, the compiler just cannot know it.
+            acc += tl.where(k_len > 0, tl.dot(x, y, input_precision="ieee"), 0.0)
         else:
             acc = tl.dot(x, y, acc, input_precision="ieee")
         a_ptrs += block_k * sak
