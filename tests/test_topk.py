@@ -466,6 +466,53 @@ def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
         run_forced("tournament", sprinkled, 8, config, sorted=False)
 
 
+@pytest.mark.parametrize("k", [1, 3, 8, 40])
+def test_tournament_cut_from_column_maxima(cpu_triton, k):
+    # The least of the strided column maxima bounds the cut: random rows (k = 1 takes it with no
+    # search), sorted rows both ways (the columns are strided, so each holds some of the top),
+    # rows whose every column is one value repeated (the bound is the row's minimum: the
+    # search does the rest) and rows with a column of huge values.
+    n = 3000
+    ramp = torch.arange(n, dtype=torch.float32)
+    period = torch.arange(n) % 64
+    huge = torch.randn(n)
+    huge[::64] = 1e30 + torch.arange(0, n, 64, dtype=torch.float32) * 1e24
+    rows = torch.stack([torch.randn(n), ramp, ramp.flip(0), period.float(), -period.float(),
+                        huge])
+    for config in configs_of("tournament", rows, k):
+        plan = run_forced("tournament", rows, k, config)
+        assert -(-min(n, plan.chunk) // plan.group) > plan.hot_groups  # the cut is searched for
+        assert plan.cut_sets == 1 << (k - 1).bit_length()
+        run_forced("tournament", rows, k, config, largest=False, sorted=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tournament_group_maxima_of_special_values(cpu_triton, dtype):
+    # Whole tiles take their group maxima as floats (NaN ranks first, so the max keeps it; the
+    # smallest take the minimum past NaNs); ragged last tiles take them as keys. NaN, +-inf and
+    # +-0.0 sit in both, in groups of their own and mixed with others.
+    x = torch.randn(3, 3000).to(dtype)
+    x[0, ::37] = float("nan")
+    x[0, 5:9] = float("nan")  # a group of NaNs (its flipped maximum is the lowest key)
+    x[1, ::11] = -0.0
+    x[1, 1::13] = 0.0
+    x[2, ::17] = float("inf")
+    x[2, 3::19] = float("-inf")
+    x[:, -3:] = float("nan")
+    for config in configs_of("tournament", x, 9):
+        for largest in (True, False):
+            plan = run_forced("tournament", x, 9, config, largest=largest)
+            assert plan.float_maxima and plan.chunk % plan.tile == 0 and 3000 % plan.tile
+    # Off the 16-byte grid the same rows take the keys' maxima (single-element loads there
+    # made the float reduction slower).
+    odd = x[:, :2999].contiguous()
+    for config in configs_of("tournament", odd, 9):
+        plan = run_forced("tournament", odd, 9, config, largest=False)
+        assert not plan.float_maxima
+    assert K_tournament.tournament_plan(4096, 32000, 50, torch.bfloat16, True, 132, {}).float_maxima
+    assert not K_tournament.tournament_plan(4, 1000, 5, torch.int32, True, 132, {}).float_maxima
+
+
 @settings(max_examples=8, **SETTINGS)
 @given(n=st.integers(1, 2500), data=st.data())
 def test_property_tournament(cpu_triton, n, data):

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
+from ...dispatch.device import INTERPRETED
 from ...errors import OpselectError
 from ...switches import enabled
 from .._common import Launcher, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
@@ -66,6 +67,84 @@ def _order_key(x, is_float: tl.constexpr, flip, key64: tl.constexpr):
     else:
         key = key.to(tl.int32)
     return key ^ flip  # flip = -1 (largest=False) complements: the smallest key ranks first
+
+
+# The interpreter's minimum propagates NaN (numpy's); the compiled one returns the other operand.
+_INTERPRETED = tl.constexpr(INTERPRETED)
+
+
+# Both combines return their operands' dtype: triton 3.6 takes the max / min of bfloat16 in
+# float32 (3.9 keeps bfloat16 and packs two to an instruction), and a reduction's combine must
+# give back what it takes. The value is one of the operands, so the cast back is exact.
+@triton.jit
+def _max_or_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)
+
+
+@triton.jit
+def _min_past_nan(a, b):
+    if _INTERPRETED:
+        m = tl.where(a != a, b, tl.where(b != b, a, tl.minimum(a, b)))
+    else:
+        m = tl.minimum(a, b)  # PTX min: a NaN operand gives the other one
+    return m.to(a.dtype)
+
+
+@triton.jit
+def _group_max_keys(x, is_float: tl.constexpr, flip, key64: tl.constexpr):
+    """The largest order key (see _order_key) of each row of a [groups, group] tile of values,
+    every lane valid. Floats are reduced as floats and only the result is made a key: one max
+    instruction an element instead of about 13 to make each key (the H200 ran tournament's
+    pass over bfloat16 vocabulary rows at about half the memory's speed, issue-bound). The
+    order agrees: NaN ranks above everything, so the max propagates it; -0.0 and +0.0 share a
+    key, so either may come out. For the smallest (flip) the group's minimum past NaNs: a NaN
+    comes out only from a group of NaNs, and its flipped key is then the lowest, as it is."""
+    if is_float:
+        v = x
+        if _INTERPRETED:
+            v = x.to(tl.float32)  # the interpreter holds 16-bit floats as raw bits
+        if flip == 0:
+            m = tl.reduce(v, 1, _max_or_nan)
+        else:
+            m = tl.reduce(v, 1, _min_past_nan)
+        key = _order_key(m.to(x.dtype), is_float, flip, key64)  # exact: m is one of the x
+    else:
+        key = tl.max(_order_key(x, is_float, flip, key64), axis=1)
+    return key
+
+
+@triton.jit
+def _masked_group_max_keys(x, valid, is_float: tl.constexpr, flip, key64: tl.constexpr):
+    """The largest order key of each row of a [groups, group] tile, lanes not `valid` (past a
+    chunk's end) taking the lowest key."""
+    lowest, highest = _key_limits(key64)
+    return tl.max(tl.where(valid, _order_key(x, is_float, flip, key64), lowest), axis=1)
+
+
+@triton.jit
+def _tile_group_max_keys(x, lane, n_valid, tile: tl.constexpr, float_maxima: tl.constexpr,
+                         is_float: tl.constexpr, flip, key64: tl.constexpr):
+    """The group maxima keys of a [groups, group] tile of `tile` values whose lanes [0, n_valid)
+    hold data: a whole tile as floats where the plan allows (see float_maxima_allowed), else,
+    and for a chunk's last, partial tile, as keys."""
+    if float_maxima:
+        if n_valid >= tile:
+            gm = _group_max_keys(x, is_float, flip, key64)
+        else:
+            gm = _masked_group_max_keys(x, lane < n_valid, is_float, flip, key64)
+    else:
+        gm = _masked_group_max_keys(x, lane < n_valid, is_float, flip, key64)
+    return gm
+
+
+def float_maxima_allowed(dtype: torch.dtype, row_stride: int, chunk: int) -> bool:
+    """Whether a pass over rows row_stride apart, in chunks of `chunk` elements, takes its whole
+    tiles' group maxima as floats (_group_max_keys): floats whose rows and chunks start on 16
+    bytes, so every tile loads in 16-byte vectors. Where they do not (GPT-2's 50257 columns in
+    float16), the loads are single elements and the float reduction was 3.3x slower than the
+    keys' (H100, probe_topk_vocab.py): those take the keys' maxima, as before."""
+    size = dtype.itemsize
+    return dtype.is_floating_point and (row_stride * size) % 16 == 0 and (chunk * size) % 16 == 0
 
 
 @triton.jit

@@ -17,8 +17,9 @@ from ...switches import enabled
 from .._common import allocator, cdiv, next_pow2
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend, _cut, _key64,
-                     _key_limits, _order_key, _row_buffers, _row_stride, _select, _typed,
-                     _write_out, check_config, plan_launcher)
+                     _key_limits, _order_key, _row_buffers, _row_stride, _select,
+                     _tile_group_max_keys, _typed, _write_out, check_config,
+                     float_maxima_allowed, plan_launcher)
 
 
 # maxima's second launch is a programmatic dependent launch on Hopper and later (sm_90+): it is
@@ -35,7 +36,8 @@ PDL_ALLOWED = enabled("OPSELECT_TOPK_PDL")
 def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, group_row_stride,
                         supergroup_row_stride, chunk, flip, group: tl.constexpr,
                         tile: tl.constexpr, supergroup: tl.constexpr, evict: tl.constexpr,
-                        is_float: tl.constexpr, key64: tl.constexpr, pdl: tl.constexpr):
+                        is_float: tl.constexpr, key64: tl.constexpr, pdl: tl.constexpr,
+                        float_maxima: tl.constexpr):
     """Launch 1 of maxima: program p of row r streams the chunk [p * chunk, (p + 1) * chunk)
     once and writes the maximum key of each group (`group` elements) and of each supergroup
     (`supergroup` elements), the next tile loading while the current one is reduced. No search
@@ -75,8 +77,8 @@ def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, group_
         ahead = tl.where(t + 1 < ntiles, n_here - base - tile, 0)
         x_next = tl.load(chunk_ptr + base + tile + lane, mask=lane < ahead, other=0,
                          eviction_policy=evict)
-        key = tl.where(lane < n_here - base, _order_key(x, is_float, flip, key64), lowest)
-        gm = tl.max(key, axis=1)
+        gm = _tile_group_max_keys(x, lane, n_here - base, tile, float_maxima, is_float, flip,
+                                  key64)
         tl.store(gmax + t * GT + group_ids, gm)
         if supergroup <= tile:
             SPT: tl.constexpr = tile // supergroup
@@ -390,6 +392,7 @@ class MaximaPlan:
     chunk: int = 0  # elements each launch-1 program takes (whole tiles)
     programs_per_row: int = 0  # launch-1 programs per row
     evict: str = ""  # launch 1's load eviction policy
+    float_maxima: bool = False  # launch 1 takes whole tiles' maxima as floats (see common.py)
     supergroup: int = 0  # elements per supergroup (maxima of supergroups bound the cut)
     supergroups: int = 0  # supergroups per row
     supergroup_row_stride: int = 0  # workspace elements between rows of supergroup maxima
@@ -505,6 +508,7 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     # The rows are read once: evict them first, so the maxima written beside them stay in L2
     # for launch 2 (see benchmarks/results/h200/fits/topk.md#maxima).
     p.evict = config.get("evict", "evict_first")
+    p.float_maxima = float_maxima_allowed(dtype, p.row_stride, p.chunk)
     p.select_warps = config.get("select_warps", 8 if p.supergroups_padded >= 2048 else 4)
     # The workspace (int64 elements): counters [R, 8]; supergroup and group maxima (keys);
     # each launch-2 program's hot list (int32); the survivor buffer (int64) and, for 64-bit

@@ -14,7 +14,8 @@ from ...heuristics import topk as cost
 from .._common import allocator, cdiv, next_pow2, per_stream
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _row_stride,
-                     _select, _take_k, _write_out, check_config, plan_launcher)
+                     _select, _take_k, _tile_group_max_keys, _write_out, check_config,
+                     float_maxima_allowed, plan_launcher)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -26,6 +27,7 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
                        N, row_stride, k, chunk, programs_per_row, flip,
                        shared: tl.constexpr, group: tl.constexpr, tile: tl.constexpr,
                        group_maxima_slots: tl.constexpr, hot_groups: tl.constexpr,
+                       cut_sets: tl.constexpr, float_maxima: tl.constexpr,
                        finish_tile: tl.constexpr, sort: tl.constexpr, k_padded: tl.constexpr,
                        is_float: tl.constexpr):
     """Program p of row r takes the chunk [p * chunk, (p + 1) * chunk) of the row and its share kc
@@ -64,8 +66,9 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
         base = t * tile
         ahead = tl.where(t + 1 < ntiles, n_here - base - tile, 0)
         x_next = tl.load(chunk_ptr + base + tile + lane, mask=lane < ahead, other=0)
-        key = tl.where(lane < n_here - base, _order_key(x, is_float, flip, False), lowest)
-        tl.store(maxima + t * GT + group_ids, tl.max(key, axis=1))
+        gm = _tile_group_max_keys(x, lane, n_here - base, tile, float_maxima, is_float, flip,
+                                  False)
+        tl.store(maxima + t * GT + group_ids, gm)
         x = x_next
     tl.debug_barrier()  # every thread's maxima are stored before any thread reads them
     # 2. the cut among the group maxima (all groups are hot when there are few).
@@ -78,8 +81,20 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
     if ngroups > hot_groups:
         lo = tl.min(tl.where(okm, mx, highest), axis=0).to(tl.int64)
         hi = tl.max(tl.where(okm, mx, lowest), axis=0).to(tl.int64)
-        # Any cut that kc to hot_groups maxima reach will do: the search stops at the first.
-        T = _cut(mx, okm, kc, hot_groups, lo, hi).to(tl.int32)
+        # A cut with no search: the least of cut_sets column maxima (column c holds the maxima
+        # of groups c, c + cut_sets, c + 2 cut_sets, ...: strided, so a sorted row spreads
+        # over every column) is reached by at least cut_sets >= kc maxima. On random rows
+        # about cut_sets * ln(cut_sets) reach it: k = 1 needs no search at all, a larger k
+        # searches up from it, over a narrower range. (A column of slots past the chunk's
+        # end has the lowest key for maximum, and the bound is then just the minimum.)
+        columns = tl.max(tl.reshape(mx, [group_maxima_slots // cut_sets, cut_sets]), axis=0)
+        least = tl.min(columns, axis=0).to(tl.int64)
+        lo = tl.where(kc <= cut_sets, tl.maximum(lo, least), lo)
+        if tl.sum((okm & (mx >= lo)).to(tl.int32), axis=0) <= hot_groups:
+            T = lo.to(tl.int32)
+        else:
+            # Any cut that kc to hot_groups maxima reach will do: the search stops at the first.
+            T = _cut(mx, okm, kc, hot_groups, lo, hi).to(tl.int32)
     hot = okm & (mx >= T)
     n_hot = tl.sum(hot.to(tl.int32), axis=0)
     if n_hot > hot_groups:
@@ -187,6 +202,8 @@ class TournamentPlan:
     tile: int = 0  # elements a program loads at once
     group_maxima_slots: int = 0  # group maxima a program holds (a power of two)
     hot_groups: int = 0  # groups at most that can hold a winner, gathered for the selection
+    cut_sets: int = 0  # columns of group maxima whose least maximum bounds the cut from below
+    float_maxima: bool = False  # whole tiles' group maxima taken as floats (float_maxima_allowed)
     finish_tile: int = 0  # candidates the last program of a shared row selects from
     k_padded: int = 0  # k rounded up to a compiled sorting-network size
     num_warps: int = 0  # warps per program
@@ -258,6 +275,8 @@ def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, s
     p.chunk = cdiv(chunk, p.tile) * p.tile
     p.programs_per_row = cdiv(N, p.chunk) if N else 1
     p.group_maxima_slots = max(16, next_pow2(cdiv(p.chunk, p.group)))
+    p.cut_sets = min(next_pow2(kk), p.group_maxima_slots)
+    p.float_maxima = float_maxima_allowed(dtype, p.row_stride, p.chunk)
     p.k_padded = max(16, next_pow2(kk))
     p.finish_tile = (max(p.k_padded, next_pow2(p.programs_per_row * kk))
                      if p.programs_per_row > 1 else p.k_padded)
