@@ -48,10 +48,10 @@ Tensor methods keeps what was decided when it was compiled; compile it after ena
 torch._dynamo.reset() after switching routing). Under the "auto" rule only x.topk and
 x.matmul are affected: a method-form softmax, contiguous or reshape compiles to the aten op
 either way. `a @ b` stays operator.matmul in Dynamo's graph: backend="eager" routes it at run
-time, but AOTAutograd's trace runs it as an FX Interpreter's call_function, which the routing
-does not take for the program's own call (fronts/_base.py's _graph_call looks for call_method),
-so under aot_eager and inductor it stays torch's; torch.matmul, F.linear and torch.addmm (what
-nn.Linear and Hugging Face's models call) are routed there.
+time, and AOTAutograd's trace (aot_eager, inductor) runs it as an FX Interpreter's
+call_function whose target reaches the wrapper directly, which the routing takes as the
+program's own call (fronts/_base.py's _graph_call), as it does torch.matmul, F.linear and
+torch.addmm (what nn.Linear and Hugging Face's models call).
 
 torch._dynamo is imported by the first enable() (about a second once, if the program has not
 imported it yet): Dynamo builds its tables of torch's functions from torch's attribute names the

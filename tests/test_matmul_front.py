@@ -709,3 +709,27 @@ def test_gpu_compiled_inductor(cuda):
         got = torch.compile(products_forced, fullgraph=True)(*args)
     for g, w in zip(got, products(*args)):
         torch.testing.assert_close(g, w, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_at_operator_is_routed(cpu_triton, backend):
+    """`a @ b` stays operator.matmul in Dynamo's graph; AOTAutograd's trace runs it as an FX
+    Interpreter's call_function, which reaches the wrapper directly: the program's own call,
+    routed as torch.matmul is. The matmul torch's decomposition of a 3-d @ 2-d product makes
+    inside (a reshape and mm) is not the program's and is not counted twice."""
+    def fn(a, b, c):
+        return (a @ b) * 2, c @ b.t().contiguous().t() + 1
+
+    args = (_t(2, 6, 7), _t(7, 5, seed=1), _t(4, 7, seed=2))
+    want = fn(*args)
+    torch._dynamo.reset()
+    opselect.reset_stats()
+    with opselect.enabled(ops=["matmul"], backends={"matmul": "tiled"}):
+        got = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    torch._dynamo.reset()
+    for g, w in zip(got, want):
+        close(g, w)
+    stats = opselect.stats()["matmul"]
+    if backend == "aot_eager":  # (AOTAutograd traces a graph more than once)
+        assert set(stats["traced"]) == {"opselect"}, stats
+    assert stats["backends"] == {"tiled": 2}, stats

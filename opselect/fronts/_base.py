@@ -66,7 +66,10 @@ def _tracing(x: Any) -> bool:
 
 def _graph_call() -> bool:
     """The routed call comes from an FX graph's code or from an FX Interpreter running a
-    graph's call_method node."""
+    graph's node itself: a call_method (x.topk(k)), or a call_function whose target reached the
+    wrapper directly (`a @ b` is operator.matmul in Dynamo's graph, a C function with no frame
+    of its own). A call from inside a target written in Python (torch's decompositions, say)
+    has that function's frame in between, and is torch's own."""
     frame = sys._getframe(1)
     while frame is not None and _ours(frame.f_code.co_filename):
         frame = frame.f_back
@@ -74,7 +77,7 @@ def _graph_call() -> bool:
         return False
     code = frame.f_code
     return code.co_filename.startswith("<eval_with_key>") or (
-        code.co_name == "call_method"
+        code.co_name in ("call_method", "call_function")
         and code.co_filename.replace("\\", "/").endswith("torch/fx/interpreter.py"))
 
 
