@@ -466,13 +466,14 @@ def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
         run_forced("tournament", sprinkled, 8, config, sorted=False)
 
 
-@pytest.mark.parametrize("k", [1, 3, 8, 40])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow),
+                               pytest.param(8, marks=pytest.mark.slow), 40])
 def test_tournament_cut_from_column_maxima(cpu_triton, k):
     # The least of the strided column maxima bounds the cut: random rows (k = 1 takes it with no
     # search), sorted rows both ways (the columns are strided, so each holds some of the top),
     # rows whose every column is one value repeated (the bound is the row's minimum: the
     # search does the rest) and rows with a column of huge values.
-    n = 3000
+    n = 1536
     ramp = torch.arange(n, dtype=torch.float32)
     period = torch.arange(n) % 64
     huge = torch.randn(n)
@@ -486,7 +487,8 @@ def test_tournament_cut_from_column_maxima(cpu_triton, k):
         run_forced("tournament", rows, k, config, largest=False, sorted=False)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow),
+                                   pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_tournament_group_maxima_of_special_values(cpu_triton, dtype):
     # Whole tiles take their group maxima as floats (NaN ranks first, so the max keeps it; the
     # smallest take the minimum past NaNs); ragged last tiles take them as keys. NaN, +-inf and
