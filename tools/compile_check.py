@@ -10,6 +10,13 @@ global loads and stores) and exits non-zero if any kernel fails to compile.
     python tools/compile_check.py                 # every op (needs torch and triton, no GPU)
     python tools/compile_check.py isin topk       # some ops
     python tools/compile_check.py --list permute  # what it would compile, compiling nothing
+
+Run it under the oldest Triton the package takes as well (3.6, the lent GPU's): a kernel 3.9
+compiles may not compile there (3.6 takes a bfloat16 max in float32, so a reduction's combine
+that does not cast back fails its verifier). A second environment does it:
+
+    python -m venv /tmp/v36 && /tmp/v36/bin/pip install torch==2.13.0 triton==3.6.0 numpy
+    PYTHONPATH=$PWD /tmp/v36/bin/python tools/compile_check.py topk
 """
 
 from __future__ import annotations
