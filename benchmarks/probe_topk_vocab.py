@@ -103,13 +103,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default="")
     ap.add_argument("--cases", default="")
-    ap.add_argument("--before", default="", help="a commit: its tournament kernel too")
+    ap.add_argument("--before", default="",
+                    help="a commit, or a file holding an older tournament.py: its kernel too "
+                         "(a file where git is absent, as on the lent GPU)")
     ap.add_argument("--only", default="", help="comma list: only the variants named so")
     args = ap.parse_args()
     stages = {s: tournament_cut_short(s) for s in (1, 2, 3)}
     if args.before:
-        old_src = subprocess.run(["git", "show", f"{args.before}:opselect/kernels/topk/tournament.py"],
-                                 capture_output=True, text=True, check=True).stdout
+        if pathlib.Path(args.before).is_file():
+            old_src = pathlib.Path(args.before).read_text()
+        else:
+            old_src = subprocess.run(
+                ["git", "show", f"{args.before}:opselect/kernels/topk/tournament.py"],
+                capture_output=True, text=True, check=True).stdout
         stages.update({f"{s} before": tournament_cut_short(s, old_src) for s in (1, 2, 3, 4)})
     tournament = K.OP.backend("tournament")
     results = {}
