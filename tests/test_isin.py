@@ -143,6 +143,44 @@ def test_hash_collisions(cpu_triton):
         check(elements, test, backend)
 
 
+def _on_chip_home(keys: torch.Tensor, log_t: int) -> torch.Tensor:
+    """The home slot that the on-chip hash table gives keys in [0, 2**31) (common._hash with
+    Fibonacci hashing; an int64 key of that range folds to itself)."""
+    h = keys.to(torch.int64)
+    h = h ^ (h >> 16)
+    return ((h * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - log_t)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("cluster", [5, 16, 17, 30])
+def test_on_chip_lookups_reach_the_farthest_key(cpu_triton, dtype, cluster):
+    """Test values that share one home slot fill `cluster` slots from it. On-chip lookups read up
+    to 16 slots with no search loop when the table's farthest key is within them (cluster <= 16)
+    and search on past them otherwise: members and non-members of that home on both sides of
+    the bound, and far past it."""
+    gen = torch.Generator().manual_seed(cluster)
+    n = 200  # the on-chip table: 2048 int32 slots or 1024 int64 slots
+    log_t = isin_mod.common.table_plan(n, dtype.itemsize * 8, True)[0]
+    pool = torch.randint(0, 2**31 - 1, (1 << 21,), generator=gen).unique()
+    homes = _on_chip_home(pool, log_t)
+    same = pool[homes == homes[0]]
+    assert len(same) > 2 * cluster
+    # the other test values live well away from that slot, so the farthest key is the cluster's
+    # last (cluster - 1 slots from its home)
+    away = (homes - homes[0]) % (1 << log_t)
+    others = pool[(away > 2 * cluster + 16) & (away < (1 << log_t) - 16)][: n - cluster]
+    test = torch.cat([same[:cluster], others]).to(dtype)
+    absent = same[cluster: 2 * cluster]
+    elements = torch.cat([same[:cluster], absent, others, pool[-300:]]).to(dtype)
+    elements = elements[torch.randperm(len(elements), generator=gen)]
+    for backend in ("hash", "bitmap"):
+        b = isin_mod.OP.backend(backend)
+        call = isin_mod.prepare(elements, test)
+        expected = torch.isin(elements, test)
+        for cfg in b.configs(call):
+            _assert_same(b.run(call, cfg), expected, elements, test, f"{backend} {cfg}")
+
+
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_every_config(cpu_triton, backend):
     """Forcing a backend runs its first config only; tuning may pick any of them. Test sets on

@@ -14,13 +14,21 @@ from .._common import Launcher, cdiv, check_config, plan_launcher  # noqa: F401 
 from .call import IsinCall, _bindable, _every_answer_invert, _finish, _output
 
 
-# Tables at most this large are copied on chip by every program of the probe kernel.
+# Tables at most this large are "on chip": they stay in L1, and every program of the probe
+# kernel reads one whole to bound its lookups (_probe_reach).
 LOCAL_TABLE_BYTES = 32 * 1024
 
 
 # Slots per bucket of a table read through L2: a lookup reads its bucket in one access (16 bytes
-# of int32 keys, one memory sector). On-chip tables use single slots (a wider gather costs more).
+# of int32 keys, one memory sector). On-chip tables use single slots (a window of several
+# slots read through L1 measured slower).
 WIDE_BUCKET = tl.constexpr(4)
+
+
+# The most slots an on-chip lookup reads without the search loop (_hash_lookup); random sets of
+# up to 1,024 keys at 4 slots a key need at most 11 (CPU simulation of the build); a table that
+# needs more keeps the loop for what is left.
+BOUNDED_PROBES = tl.constexpr(16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,23 +141,58 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
 
 
 @triton.jit
-def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t,
+def _search_on(table_ptr, slot, key, found, todo, log_t, empty):
+    """Linear probing from `slot` on until the key (a hit) or an empty slot (a miss), for the
+    lanes in todo, with masked loads (the table is hot in L1 / L2); a block waits for its
+    longest probe. The lanes' `found` after it."""
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        slot = slot & ((1 << log_t) - 1)
+        seen = tl.load(table_ptr + slot, mask=todo, other=empty)
+        found = found | (todo & (seen == key))
+        todo = todo & (seen != key) & (seen != empty)
+        slot = slot + 1
+    return found
+
+
+@triton.jit
+def _probe_reach(table, log_t, key_bits: tl.constexpr, slots: tl.constexpr,
+                 murmur_mix: tl.constexpr):
+    """How many slots from its home a lookup in an on-chip table must read: one past the
+    farthest any stored key sits from its own home. Linear probing places a key in the first free
+    slot it meets (or pushes a smaller key on), so a key that is not within this many slots of
+    its home is not in the table."""
+    empty = -(1 << (key_bits - 1))
+    home = _hash(table, log_t, key_bits, murmur_mix)
+    distance = (tl.arange(0, slots) - home) & ((1 << log_t) - 1)
+    return tl.max(tl.where(table != empty, distance, -1), axis=0) + 1
+
+
+@triton.jit
+def _hash_lookup(table_ptr, reach, flag_ptr, v, ok, log_t,
                  key_bits: tl.constexpr, on_chip: tl.constexpr, murmur_mix: tl.constexpr):
-    """Membership of the values v in the table. on_chip: `table` is the program's on-chip copy and
-    keys start at their own slot; otherwise at their bucket of WIDE_BUCKET slots."""
+    """Membership of the values v in the table. on_chip: keys start at their own slot, and
+    `reach` is _probe_reach's bound; otherwise at their bucket of WIDE_BUCKET slots."""
     key, nan = _to_key(v, key_bits)
     empty = -(1 << (key_bits - 1))
     # (the flag is loaded as a vector: mixing a scalar bool into vector masks trips the interpreter)
     found = (key == empty) & (tl.load(flag_ptr + tl.zeros(key.shape, tl.int32)) != empty)
     todo = ok & (key != empty)
     if on_chip:
-        # The first probe, which settles most lanes, is a gather from the on-chip copy (Triton
-        # stages the table in shared memory for it).
+        # As many slots as the table's reach (up to BOUNDED_PROBES), each read through L1 by the
+        # lanes still searching: no test of whether a block's lanes are all done. A search loop
+        # that waits for its block's longest probe, after a gather from a copy in shared memory,
+        # took up to 1.5x as long on 16M elements in 256-1,024 values (H200 and H100:
+        # benchmarks/results/h200/fits/isin.md, "hash: on-chip lookups of bounded reach").
         slot = _hash(key, log_t, key_bits, murmur_mix)
-        seen = tl.gather(table, slot, 0)
-        found = found | (todo & (seen == key))
-        todo = todo & (seen != key) & (seen != empty)
-        slot = slot + 1
+        steps = tl.minimum(reach, BOUNDED_PROBES)
+        for step in range(steps):
+            seen = tl.load(table_ptr + ((slot + step) & ((1 << log_t) - 1)), mask=todo,
+                           other=empty)
+            found = found | (todo & (seen == key))
+            todo = todo & (seen != key) & (seen != empty)
+        # A table whose keys cluster past the bound (an adversarial set) keeps the loop below.
+        todo = todo & (tl.zeros(key.shape, tl.int32) + reach > BOUNDED_PROBES)
+        slot = slot + steps
     else:
         # The key's whole bucket in one 16- or 32-byte load: at load factor <= 1/4 a bucket
         # almost always holds the key or an empty slot.
@@ -160,14 +203,7 @@ def _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t,
         found = found | (todo & (tl.max((window == key[:, None]).to(tl.int32), axis=1) > 0))
         todo = todo & ~found & (tl.max((window == empty).to(tl.int32), axis=1) == 0)
         slot = home + WIDE_BUCKET
-    # Linear probing goes on until the key (a hit) or an empty slot (a miss), for the few lanes
-    # left, with masked loads (the table is hot in L1 / L2); a block waits for its longest probe.
-    while tl.max(todo.to(tl.int32), axis=0) > 0:
-        slot = slot & ((1 << log_t) - 1)
-        seen = tl.load(table_ptr + slot, mask=todo, other=empty)
-        found = found | (todo & (seen == key))
-        todo = todo & (seen != key) & (seen != empty)
-        slot = slot + 1
+    found = _search_on(table_ptr, slot, key, found, todo, log_t, empty)
     return found & ~nan
 
 
@@ -177,15 +213,17 @@ def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid,
                        invert: tl.constexpr, probe_block: tl.constexpr,
                        blocks_per_program: tl.constexpr, murmur_mix: tl.constexpr):
     """One program's blocks of elements looked up in the hash set. on_chip_slots > 0: the table
-    has that many slots (2**log_t) and is copied on chip, once for all the program's blocks."""
-    table = 0
+    has that many slots (2**log_t), few enough to stay in L1; the program reads it once to find
+    its reach."""
+    reach = 0
     if on_chip_slots > 0:
-        table = tl.load(table_ptr + tl.arange(0, on_chip_slots))
+        reach = _probe_reach(tl.load(table_ptr + tl.arange(0, on_chip_slots)), log_t, key_bits,
+                             on_chip_slots, murmur_mix)
     for i in range(blocks_per_program):
         offs = (pid * blocks_per_program + i) * probe_block + tl.arange(0, probe_block)
         ok = offs < M
         v = tl.load(x_ptr + offs, mask=ok, other=0)
-        found = _hash_lookup(table_ptr, table, flag_ptr, v, ok, log_t, key_bits,
+        found = _hash_lookup(table_ptr, reach, flag_ptr, v, ok, log_t, key_bits,
                              on_chip_slots > 0, murmur_mix)
         tl.store(out_ptr + offs, found != invert, mask=ok)
 
@@ -201,9 +239,9 @@ def _hash_table_log(n: int, slots_per_key: int = 4) -> int:
 
 
 def table_plan(n: int, key_bits: int, local: bool, slots_per_key: int = 4) -> tuple[int, int]:
-    """(log2 of the slots, slots held on chip or 0). On-chip tables come in two sizes only, a
-    quarter of LOCAL_TABLE_BYTES and all of it: the size is a compile-time constant, and a few
-    variants keep compilation rare; a roomier table only shortens the probes."""
+    """(log2 of the slots, the slots of an on-chip table or 0). On-chip tables come in two sizes
+    only, a quarter of LOCAL_TABLE_BYTES and all of it: the size is a compile-time constant, and a
+    few variants keep compilation rare; a roomier table only shortens the probes."""
     log_t = _hash_table_log(n, slots_per_key)
     most = LOCAL_TABLE_BYTES * 8 // key_bits
     if not local or (1 << log_t) > most:
@@ -213,8 +251,8 @@ def table_plan(n: int, key_bits: int, local: bool, slots_per_key: int = 4) -> tu
 
 
 def _blocks_per_program(m: int, block: int, per: int) -> int:
-    """Several blocks per program amortise the on-chip copy of a table, but never more blocks
-    than there are."""
+    """Several blocks per program amortise a program's read of a whole table or bitmap, but never
+    more blocks than there are."""
     return max(1, min(per, cdiv(m, block)))
 
 
@@ -229,7 +267,8 @@ class SetPlan:
     invert: bool  # isin(..., invert=True)
     key_bits: int  # 32 or 64: the width of the keys
     table_log2: int  # log2 of the hash set's slots
-    on_chip_slots: int  # slots each probing program copies on chip (0: read through L1/L2)
+    on_chip_slots: int  # slots of a table that stays in L1, read whole by each probing program
+    #                     for its reach (0: buckets read through L1/L2, searched by the loop)
     bucket_width: int  # slots read at once by a probe of a table read through L2
     build_block: int  # test elements per building program
     probe_block: int  # elements per probing block

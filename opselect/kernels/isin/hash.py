@@ -42,8 +42,9 @@ _HASH_BUILD = plan_launcher(_hash_build_kernel, num_warps=4)
 _HASH_PROBE = plan_launcher(_hash_probe_kernel)
 
 #: The keys of a hash config: probe_block, blocks_per_program (the most a program probes, with a
-#: table on chip), on_chip (copy the table on chip where it fits), slots_per_key (the table's
-#: size: at least this many slots per test element), num_warps (of the probing launch).
+#: table on chip), on_chip (a table of at most 32 KB, read through L1 with lookups bounded by its
+#: reach, which each program works out once), slots_per_key (the table's size: at least this
+#: many slots per test element), num_warps (of the probing launch).
 CONFIG_KEYS = frozenset({"probe_block", "blocks_per_program", "on_chip", "slots_per_key",
                          "num_warps"})
 
@@ -68,12 +69,12 @@ class HashBackend(TritonBackend):
 
     def configs(self, call: IsinCall) -> list[dict]:
         if table_plan(call.n, _key_bits(call.elements.dtype), True)[1]:
-            # The table is copied on chip once per program, so each program takes several blocks;
-            # the alternative reads it through L1.
-            # (Triton stages the table in shared memory at every gather, so larger blocks amortise
-            # that copy better than more blocks per program do.)
+            # Each program reads the whole table once (for its reach), so it takes several
+            # blocks; the alternative searches a table of buckets through L1 / L2.
             # 2048 x 4 first: tuning chose it on most such calls that take long enough to
-            # matter (benchmarks/results/h200/fits/isin.md, "hash: the first configs").
+            # matter, when the table was gathered from a copy in shared memory
+            # (benchmarks/results/h200/fits/isin.md, "hash: the first configs"); not re-tuned
+            # since lookups read L1 with a bound.
             return [_config(2048, 4, True, 4, 8), _config(4096, 2, True, 4, 8),
                     _config(1024, 1, False, 4, 4), _config(4096, 2, True, 8, 8)]
         out = [_config(512, 1, False, 4, 4), _config(1024, 1, False, 4, 4),
