@@ -17,6 +17,7 @@ Each variant is the hash backend's probe kernel with parts left out or swapped, 
     hash         the backend itself (build included), and torch
 
     python benchmarks/probe_isin_onchip.py [--rounds 3] [--json out.json]
+    python benchmarks/probe_isin_onchip.py --smoke   # tiny inputs, any device: the answers checked
 """
 
 from __future__ import annotations

@@ -48,6 +48,24 @@ def test_benchmark_script_smoke(script, tmp_path, cpu_triton):
                 assert md.with_suffix(".png").read_bytes().startswith(PNG), md.name
 
 
+#: The probes that take --smoke (the others need a GPU's timers or kernels cut from a commit).
+PROBES = sorted(p.name for p in (ROOT / "benchmarks").glob("probe_*.py")
+                if "--smoke" in p.read_text())
+
+
+@pytest.mark.parametrize("script", PROBES)
+def test_probe_script_smoke(script, tmp_path, cpu_triton):
+    """A probe's variants run on tiny inputs and each one that should be right is: probes import
+    the kernels' private helpers, which must not change under them unnoticed."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke",
+                             "--rounds", "1"], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " ok" in result.stdout and "WRONG" not in result.stdout, result.stdout[-3000:]
+
+
 def _row(case: str, pct: dict) -> dict:
     """A row as the harness derives it: a provider without a time is None in ms and absent from
     pct_copy_bw."""
