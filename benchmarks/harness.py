@@ -20,6 +20,7 @@ to prove the script works (CI does this); its numbers mean nothing.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -162,6 +163,7 @@ def merge_rows(suite: Suite, args: argparse.Namespace) -> dict:
     result = json.loads(path.read_text())
     bw = result["copy_bandwidth_GBps"] * 1e9
     rows = _merged(path, json.loads(Path(args.merge_rows).read_text()), suite, bw)
+    result["date"] = max(r["measured"] for r in rows)
     result["summary"] = _summarise(rows, bw)
     if suite.targets:
         result["summary"].update(suite.targets(rows, result["summary"]))
@@ -206,6 +208,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
         a, kw = inputs
         ref = suite.torch_fn(*a, **kw)
         row: dict[str, Any] = {"case": case.name, **case.tags, "bytes": case.nbytes, "ms": {},
+                               "measured": time.strftime("%Y-%m-%d"),
                                "errors": {}}
         providers: dict[str, Callable[[], Any]] = {}
         if wanted("torch"):
@@ -308,9 +311,14 @@ def _merged(path: Path, rows: list[dict], suite: Suite, bw: float) -> list[dict]
     order; each merged row's derived numbers are computed again."""
     from opselect.dispatch import get_op
 
-    saved = {r["case"]: r for r in json.loads(path.read_text())["rows"]} if path.exists() else {}
+    doc = json.loads(path.read_text()) if path.exists() else {"rows": []}
+    saved = {r["case"]: r for r in doc["rows"]}
+    for r in saved.values():  # (rows saved before rows carried their date: the file's)
+        r.setdefault("measured", doc.get("date"))
     op_of = {c.name: c.op or suite.op for c in suite.cases}
     for row in rows:
+        # (rows a killed run left before rows carried their date: merged on the day they came)
+        row.setdefault("measured", time.strftime("%Y-%m-%d"))
         old = saved.get(row["case"])
         if old is not None:
             for key in ("ms", "errors"):
@@ -386,6 +394,16 @@ def _line(row: dict) -> str:
     return f"{row['case']:<40} " + " ".join(parts)
 
 
+def _measured_on(result: dict) -> str:
+    """The day the rows were measured, or, for a table merged from several runs, each day with
+    its number of rows (newest first): a reader can tell old rows from new."""
+    days = collections.Counter(r.get("measured") or result["date"] for r in result["rows"])
+    if len(days) <= 1:
+        return result["date"]
+    return "rows measured " + ", ".join(f"{d} ({n})" for d, n in sorted(days.items(),
+                                                                      reverse=True))
+
+
 def markdown(result: dict, suite: Suite | None = None) -> str:
     rows = result["rows"]
     extra = suite.columns if suite is not None else []
@@ -397,7 +415,7 @@ def markdown(result: dict, suite: Suite | None = None) -> str:
     out = [f"# {result['op']} on {result['device']}",
            "",
            f"torch {result['torch']}, triton {result['triton']}, opselect {result['opselect']}, "
-           f"{result['date']}. Copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s (read + "
+           f"{_measured_on(result)}. Copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s (read + "
            "write). Median ms of do_bench (best of the run's --repeat medians); `%bw` is the case's minimum traffic over the copy "
            "bandwidth; `%copy` is the `copy` column's time (a copy of the same traffic) over "
            "auto-warm's; `xtorch` is torch's time over auto-warm's.",

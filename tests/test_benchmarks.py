@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from opselect.dispatch import get_op
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py"))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -64,6 +66,43 @@ def test_probe_script_smoke(script, tmp_path, cpu_triton):
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " ok" in result.stdout and "WRONG" not in result.stdout, result.stdout[-3000:]
+
+
+def _harness():
+    """benchmarks/harness.py as a module."""
+    spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("harness", module)  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merged_table_says_when_each_row_was_measured(tmp_path):
+    """A table merged from runs of different days names each day and its number of rows (a
+    reader can tell the re-run rows from the old ones); rows saved before rows carried a date
+    take their file's."""
+    harness = _harness()
+    suite = harness.Suite(op="isin", cases=[harness.Case(n, lambda d: ((), {}), 1 << 20)
+                                            for n in ("a", "b", "c")],
+                          torch_fn=None, check=None)
+    old = [{"case": n, "bytes": 1 << 20, "ms": {"torch": 1.0, "hash": 0.5}, "errors": {}}
+           for n in ("a", "b", "c")]
+    for row in old:  # (as saved: with the numbers derived from the times)
+        harness._derive(row, get_op("isin"), 1e12)
+    saved = tmp_path / "isin.json"
+    saved.write_text(json.dumps({"date": "2026-11-01", "rows": old}))
+    new = [{"case": "b", "bytes": 1 << 20, "ms": {"hash": 0.25}, "errors": {},
+            "measured": "2026-11-28"}]
+    rows = harness._merged(saved, new, suite, 1e12)
+    assert [r["measured"] for r in rows] == ["2026-11-01", "2026-11-28", "2026-11-01"]
+    assert rows[1]["ms"] == {"torch": 1.0, "hash": 0.25}  # the old providers kept, the new laid over
+    result = {"op": "isin", "device": "cpu", "torch": "t", "triton": "t", "opselect": "o",
+              "date": "2026-11-28", "copy_bandwidth_GBps": 1000.0, "rows": rows,
+              "summary": {}}
+    header = harness.markdown(result, suite).splitlines()[2]
+    assert "rows measured 2026-11-28 (1), 2026-11-01 (2)" in header, header
+    result["rows"] = [dict(r, measured="2026-11-28") for r in rows]
+    assert "o, 2026-11-28. Copy" in harness.markdown(result, suite).splitlines()[2]
 
 
 def _row(case: str, pct: dict) -> dict:
