@@ -55,6 +55,7 @@ PROBES = sorted(p.name for p in (ROOT / "benchmarks").glob("probe_*.py")
                 if "--smoke" in p.read_text())
 
 
+@pytest.mark.slow  # (make test-all; as the benchmark scripts' smoke runs)
 @pytest.mark.parametrize("script", PROBES)
 def test_probe_script_smoke(script, tmp_path, cpu_triton):
     """A probe's variants run on tiny inputs and each one that should be right is: probes import
@@ -211,6 +212,7 @@ def test_harness_writes_the_chart_beside_the_table(tmp_path, cpu_triton):
     assert (tmp_path / "isin.png").read_bytes().startswith(PNG)
 
 
+@pytest.mark.slow  # (make test-all: make test stays under its 5 minutes on 2 cores)
 def test_bench_random_reports_every_mode(tmp_path, cpu_triton):
     """bench_random.py (issue 16 item 3) fits on one seed and reports on another: every call is
     timed for torch, its backends and auto cold / fitted / tuned, with each mode's pick and

@@ -208,6 +208,7 @@ def test_a_request_names_an_op_never_a_module(monkeypatch):
     assert status == "unavailable" and "does not have the op 'no_such_op'" in detail
 
 
+@pytest.mark.slow  # (make test-all: make test stays under its 5 minutes on 2 cores)
 def test_the_helper_leaves_no_file_open(tmp_path):
     """Starting, using and stopping the helper under -X dev (ResourceWarning shown): nothing
     unclosed."""

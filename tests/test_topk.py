@@ -239,6 +239,7 @@ OLD_CONFIGS = {
 }
 
 
+@pytest.mark.slow  # (make test-all: make test stays under its 5 minutes on 2 cores)
 def test_configs_under_old_names_are_measured_again_never_misread(cpu_triton, monkeypatch):
     """A tune record written under the old names is filed under the old source hash (every
     backend module changed with the names), so it is skipped for that alone. Even filed under
@@ -467,7 +468,8 @@ def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
 
 
 @pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow),
-                               pytest.param(8, marks=pytest.mark.slow), 40])
+                               pytest.param(8, marks=pytest.mark.slow),
+                               pytest.param(40, marks=pytest.mark.slow)])
 def test_tournament_cut_from_column_maxima(cpu_triton, k):
     # The least of the strided column maxima bounds the cut: random rows (k = 1 takes it with no
     # search), sorted rows both ways (the columns are strided, so each holds some of the top),
@@ -626,6 +628,7 @@ def test_maxima_64_bit_keys(cpu_triton):
     run_forced("maxima", big, 40, configs_of("maxima", big, 40)[1], largest=False)
 
 
+@pytest.mark.slow  # (make test-all: make test stays under its 5 minutes on 2 cores)
 @settings(max_examples=8, **SETTINGS)
 @given(n=st.integers(1, 2500), data=st.data())
 def test_property_maxima(cpu_triton, n, data):
