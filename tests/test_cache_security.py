@@ -763,6 +763,10 @@ def test_ctrl_c_during_a_statement_is_not_taken_for_a_wait():
     db = store().db
     count = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000000) "
              "SELECT count(*) FROM c")
+    # Python's own handler, as a program has it: a test worker may have been started with SIGINT
+    # ignored (a CI run failed so once, in a pytest-xdist worker), and an ignored SIGINT is no
+    # Ctrl-C to hold.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     assert db._acquire(time.monotonic() + 10)  # (opens the file)
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
@@ -773,6 +777,8 @@ def test_ctrl_c_during_a_statement_is_not_taken_for_a_wait():
     finally:
         timer.cancel()
         db._db_lock.release()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 2  # not retried until the deadline
 
 

@@ -148,8 +148,11 @@ def test_ctrl_c_on_warm_exits_130_and_keeps_what_finished(tmp_path):
                PYTHONPATH=str(ROOT))
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
+    # SIGINT at its default in the child, whatever this process has: an ignored SIGINT is
+    # inherited, and Python then keeps ignoring it (a CI run's warm went on to exit 0 so once).
     proc = subprocess.Popen([sys.executable, "-m", "opselect.cli", "warm", str(spec)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     done = 0
     try:
