@@ -217,3 +217,36 @@ def test_an_op_under_autograd_times_its_backward_not_the_public_forward(cpu_trit
     plain = op.prepare(x.detach(), -1)
     assert _times_the_run_alone(op._timed_run(backend, cfg, plain))
     assert op._public_replay(plain) is not None
+
+
+def test_a_winner_back_to_back_that_loses_with_l2_flushed_is_not_chosen(cpu_triton, monkeypatch):
+    """Stage 2's back-to-back blocks leave a call's operands in L2 for the next call; stage 1
+    flushes L2 before each run. A candidate's device time is the larger of the two, so one that
+    only wins with its operands cached is not chosen (faked here: stage 1 gives hash 10 s)."""
+    monkeypatch.setattr(tuning_mode, "measure_safely",
+                        lambda fn, device, what, **kw: 10.0 if "/hash " in what else 1e-9)
+    a, b = torch.arange(300) % 37, torch.tensor([1, 5, 7, 36])
+    with tuning():
+        assert torch.equal(ops.isin(a, b), torch.isin(a, b))
+    decision = opselect.explain("isin", a, b, show=False)
+    hashed = decision.candidate("hash")
+    assert decision.choice != "hash"
+    assert hashed.measured_device_s >= 10.0 and hashed.measured_s >= 10.0
+    others = [c for c in decision.candidates if c.measured_s is not None and c.name != "hash"]
+    assert others and all(c.measured_device_s < 1.0 for c in others)
+
+
+def test_settle_times_with_l2_flushed_what_stage_1_did_not(cpu_triton, monkeypatch):
+    """A candidate stage 1 did not time (its record was cached) is timed with L2 flushed in
+    stage 2 itself: every settled device time is at least that measurement."""
+    op = get_op("topk")
+    x = torch.randn(6, 40, device=cpu_triton)
+    call = op.prepare(x, 3)
+    able = [c for c in op.decide(call).candidates if c.supported and c.name in ("torch", "radix")]
+    flushed_runs = []
+    monkeypatch.setattr(tuning_mode, "measure_safely",
+                        lambda fn, device, what, **kw: flushed_runs.append(what) or 7.0)
+    times = op._settle(able, call)
+    assert set(times) == {"torch", "radix"}
+    assert all(device >= 7.0 and host < 7.0 for host, device in times.values())
+    assert sorted(w.split()[0] for w in flushed_runs) == ["topk/radix", "topk/torch"]

@@ -6,8 +6,9 @@ graph (capturing()): a key first seen then is decided from the cache or the mode
 
 Measuring a call has two stages (Op.decide): measure_all ranks each backend's configurations by
 device time (do_bench), then time_interleaved times every candidate's best configuration, the
-current choice among them, as the program will run it; those are the seconds recorded, and the
-choice follows them, so a measured winner replaces the model's (or torch) only if it wins there.
+current choice among them, as the program will run it; those are the seconds recorded (the
+device time never below stage 1's, with L2 flushed), and the choice follows them, so a measured
+winner replaces the model's (or torch) only if it wins there.
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
 #: run() alone, without the host time of the path that reaches them), in passes until they
 #: agree (/3; /2 took one pass, which a disturbance right after the first compiles could skew),
 #: host and device time measured apart in each block, the device kept busy while the host
-#: queues it (/4; /3 took the wall clock of a block, which mixed the two).
-METHOD = "interleaved blocks through the public function, host and device apart/4"
+#: queues it (/4; /3 took the wall clock of a block, which mixed the two), the device time no
+#: less than the same configuration's with L2 flushed (/5; /4 counted back-to-back blocks only,
+#: where operands that fit in L2 stay there from one call to the next).
+METHOD = "interleaved blocks through the public function, host and device apart, L2 both ways/5"
 
 #: Calls of one block at most: the device queue must hold a whole block while the device sleeps
 #: (a few thousand launches fit; a call launches up to a handful of kernels).
