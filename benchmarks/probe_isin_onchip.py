@@ -118,6 +118,17 @@ def _reach_kernel(table_ptr, out_ptr, log_t, key_bits: tl.constexpr, slots: tl.c
     tl.store(out_ptr, _probe_reach(table, log_t, key_bits, slots, mix))
 
 
+def inputs(op, cases, only: str, device):
+    """(label, (elements, test values, dtype), x, t, torch's answer, the call) of each case
+    whose label contains `only`."""
+    for m, n, dtype, values in cases:
+        label = f"{m / M:g}M in {n} {str(dtype)[6:]} {values}"
+        if only and only not in label:
+            continue
+        (x, t), _ = op.sample([[m], [n]], dtype, {"values": values}, device)
+        yield label, (m, n, dtype), x, t, torch.isin(x, t), op.prepare(x, t)
+
+
 def _bench(fn) -> float:
     if not torch.cuda.is_available():  # --smoke on the CPU: one call, the answers checked
         fn()
@@ -140,13 +151,7 @@ def main() -> None:
     cases = [(3000, n, d, v) for _, n, d, v in CASES] if args.smoke else CASES
     op, backend = get_op("isin"), H.HashBackend()
     results = {}
-    for m, n, dtype, values in cases:
-        label = f"{m / M:g}M in {n} {str(dtype)[6:]} {values}"
-        if args.cases and args.cases not in label:
-            continue
-        (x, t), _ = op.sample([[m], [n]], dtype, {"values": values}, device)
-        ref = torch.isin(x, t)
-        call = op.prepare(x, t)
+    for label, (m, n, dtype), x, t, ref, call in inputs(op, cases, args.cases, device):
         plan = backend.plan(call, {"probe_block": args.block, "blocks_per_program": args.per,
                                    "on_chip": True, "slots_per_key": 4, "num_warps": args.warps})
         key_bits, log_t, slots = plan.key_bits, plan.table_log2, plan.on_chip_slots
@@ -155,11 +160,13 @@ def main() -> None:
         # on-chip tables), and murmur's finaliser for "reach murmur"; "hash" builds its own
         tables = {}
         for mix in (False, True):
-            table = torch.full((slots + 1,), torch.iinfo(key_dtype).min, dtype=key_dtype,
+            # (the flag, then the reach the build records, past the slots)
+            table = torch.full((slots + 2,), torch.iinfo(key_dtype).min, dtype=key_dtype,
                                device=device)
             H._hash_build_kernel[(triton.cdiv(n, 1024),)](
-                t, table, table[slots:], n, log_t, key_bits=key_bits, bucket_width=1,
-                murmur_mix=mix, build_block=1024)
+                t, table, table[slots:slots + 1], table[slots + 1:], n, log_t,
+                key_bits=key_bits, bucket_width=1, murmur_mix=mix, build_block=1024,
+                on_chip_slots=slots)
             tables[mix] = table
         out = torch.empty(m, dtype=torch.bool, device=device)
         grid = (triton.cdiv(m, args.block * args.per),)
@@ -202,14 +209,18 @@ def main() -> None:
             _reach_kernel[(1,)](tables[mix], reach_out, log_t, key_bits=key_bits, slots=slots,
                                 mix=mix)
             reach.append(int(reach_out))
+            # the build's own record of the reach must be the finished table's
+            checks[f"build reach{' murmur' if mix else ''}"] = int(tables[mix][slots + 1]) == reach[-1]
         results[label] = {k: {"median_us": statistics.median(v), "spread_us": max(v) - min(v),
                               "correct": checks.get(k)} for k, v in times.items()}
         results[label]["reach"], results[label]["reach_murmur"] = reach
+        results[label]["build_reach_agrees"] = checks["build reach"] and checks["build reach murmur"]
+        agrees = "" if results[label]["build_reach_agrees"] else " (BUILD'S REACH WRONG)"
         print(f"\n{label}: table 2^{log_t} slots of {key_bits} bits, reach {reach[0]} "
-              f"(murmur {reach[1]}), "
+              f"(murmur {reach[1]}){agrees}, "
               f"{m * (dtype.itemsize + 1) / 1e6:.0f} MB moved")
         for k, r in results[label].items():
-            if k.startswith("reach") and not isinstance(r, dict):
+            if not isinstance(r, dict):
                 continue
             ok = "" if r["correct"] is None else (" ok" if r["correct"] else " WRONG")
             print(f"  {k:>12} {r['median_us']:8.1f} us  +-{r['spread_us']:5.1f}{ok}")

@@ -69,6 +69,25 @@ def test_probe_script_smoke(script, tmp_path, cpu_triton):
     assert " ok" in result.stdout and "WRONG" not in result.stdout, result.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_ab_isin_smoke(tmp_path, cpu_triton):
+    """ab_isin.py loads older copies of isin's set kernels beside the current ones (here: copies
+    of the current files, from a folder, as on the lent GPU without git) and checks both."""
+    older = tmp_path / "before"
+    older.mkdir()
+    for name in ("common", "hash", "bitmap"):
+        (older / f"{name}.py").write_text(
+            (ROOT / "opselect" / "kernels" / "isin" / f"{name}.py").read_text())
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_isin.py"), "--smoke",
+                             "--rounds", "1", "--before", str(older), "--cases", "in 1024"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("before") >= 2 and "WRONG" not in result.stdout, result.stdout
+    assert not list((ROOT / "opselect" / "kernels" / "isin").glob("_before_*.py"))
+
+
 def _harness():
     """benchmarks/harness.py as a module."""
     spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "harness.py")
