@@ -78,8 +78,7 @@ def _variant_kernel(x_ptr, table_ptr, out_ptr, M, log_t, key_bits: tl.constexpr,
             else:
                 found = key != key
                 todo = ok
-                unrolled_here = 0 if variant == 6 or variant == 7 or variant == 9 else unrolled
-                for u in tl.static_range(unrolled_here):
+                for u in tl.static_range(unrolled):  # (0 for the variants of the reach alone)
                     if variant == 2 or variant == 4 or variant == 8:
                         seen = tl.gather(table, (slot + u) & ((1 << log_t) - 1), 0)
                     else:
@@ -160,18 +159,19 @@ def main() -> None:
         # on-chip tables), and murmur's finaliser for "reach murmur"; "hash" builds its own
         tables = {}
         for mix in (False, True):
-            # (the flag, then the reach the build records, past the slots)
-            table = torch.full((slots + 2,), torch.iinfo(key_dtype).min, dtype=key_dtype,
+            table = torch.full((slots + 1,), torch.iinfo(key_dtype).min, dtype=key_dtype,
                                device=device)
             H._hash_build_kernel[(triton.cdiv(n, 1024),)](
-                t, table, table[slots:slots + 1], table[slots + 1:], n, log_t,
-                key_bits=key_bits, bucket_width=1, murmur_mix=mix, build_block=1024,
-                on_chip_slots=slots)
+                t, table, table[slots:], n, log_t, key_bits=key_bits, bucket_width=1,
+                murmur_mix=mix, build_block=1024)
             tables[mix] = table
         out = torch.empty(m, dtype=torch.bool, device=device)
         grid = (triton.cdiv(m, args.block * args.per),)
 
         def variant(v, u=1, mix=False):
+            # (triton 3.6 takes no conditional expression as static_range's bound: the variants
+            # of the reach alone get 0 unrolled probes from here)
+            u = 0 if v in (6, 7, 9) else u
             return lambda: _variant_kernel[grid](x, tables[mix], out, m, log_t, key_bits=key_bits,
                                                  slots=slots, block=args.block, per=args.per,
                                                  variant=v, unrolled=u, mix=mix,
@@ -209,15 +209,11 @@ def main() -> None:
             _reach_kernel[(1,)](tables[mix], reach_out, log_t, key_bits=key_bits, slots=slots,
                                 mix=mix)
             reach.append(int(reach_out))
-            # the build's own record of the reach must be the finished table's
-            checks[f"build reach{' murmur' if mix else ''}"] = int(tables[mix][slots + 1]) == reach[-1]
         results[label] = {k: {"median_us": statistics.median(v), "spread_us": max(v) - min(v),
                               "correct": checks.get(k)} for k, v in times.items()}
         results[label]["reach"], results[label]["reach_murmur"] = reach
-        results[label]["build_reach_agrees"] = checks["build reach"] and checks["build reach murmur"]
-        agrees = "" if results[label]["build_reach_agrees"] else " (BUILD'S REACH WRONG)"
         print(f"\n{label}: table 2^{log_t} slots of {key_bits} bits, reach {reach[0]} "
-              f"(murmur {reach[1]}){agrees}, "
+              f"(murmur {reach[1]}), "
               f"{m * (dtype.itemsize + 1) / 1e6:.0f} MB moved")
         for k, r in results[label].items():
             if not isinstance(r, dict):

@@ -181,67 +181,6 @@ def test_on_chip_lookups_reach_the_farthest_key(cpu_triton, dtype, cluster):
             _assert_same(b.run(call, cfg), expected, elements, test, f"{backend} {cfg}")
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
-@pytest.mark.parametrize("sets", ["neighbours", "pusher", "random"])
-def test_the_build_records_the_reach_of_its_table(cpu_triton, dtype, sets):
-    """The on-chip table's reach, which lookups read up to, is recorded by the build as keys are
-    placed: it must be exactly one past the farthest key of the finished table from its home. In
-    `neighbours`, small keys of one home are pushed on by larger keys of the next home, so a
-    pushed key's distance must be taken from its own home, not its pusher's; in `pusher`, the
-    farthest key is one that took its slot from a smaller key (not an empty slot)."""
-    from opselect.kernels.isin.hash import _HASH_BUILD
-
-    gen = torch.Generator().manual_seed(11)
-    n = 200
-    log_t = isin_mod.common.table_plan(n, dtype.itemsize * 8, True)[0]
-    pool = torch.randint(0, 2**31 - 1, (1 << 21,), generator=gen).unique()
-    homes = _on_chip_home(pool, log_t)
-    if sets == "neighbours":
-        # built in two launches, the small keys first: every large key then pushes one on
-        h = int(homes[0])
-        small = pool[homes == h].sort().values[:12]
-        large = pool[homes == (h + 1) % (1 << log_t)].sort().values[-12:]
-        rest = pool[torch.randperm(len(pool), generator=gen)[: n - 24]]
-        launches = [small, torch.cat([large, rest])]
-    elif sets == "pusher":
-        # the farthest key is one that pushed a smaller key on and stayed: key `last` (home h)
-        # walks past three larger keys (homes h, h + 1, h + 2) to slot h + 3, held by a smaller
-        # key of that home, which moves to the empty slot after it
-        h = int(homes[0])
-
-        def of(home):
-            return pool[homes == (h + home) % (1 << log_t)].sort().values
-
-        last = of(0)[len(of(0)) // 2]
-        larger = [of(0)[-1], of(1)[-1], of(2)[-1]]
-        smaller = of(3)[0]
-        assert all(v > last for v in larger) and smaller < last
-        launches = [torch.stack(larger + [smaller]), last.reshape(1)]
-    else:
-        launches = [pool[torch.randperm(len(pool), generator=gen)[:n]]]
-    launches = [part[torch.randperm(len(part), generator=gen)].to(dtype) for part in launches]
-    test = torch.cat(launches)
-    backend = isin_mod.OP.backend("hash")
-    call = isin_mod.prepare(test, test)
-    [cfg] = [c for c in backend.configs(call) if c["on_chip"]][:1]
-    plan = backend.plan(call, cfg)
-    assert plan.on_chip_slots == 1 << plan.table_log2 == 1 << log_t
-    slots, empty = 1 << log_t, torch.iinfo(dtype).min
-    table = torch.full((slots + 2,), empty, dtype=dtype)
-    build = _HASH_BUILD.bind(plan, (isin_mod.common.cdiv(n, plan.build_block),), None)
-    for part in launches:
-        build(part, table, table[slots:slots + 1], table[slots + 1:], len(part), log_t)
-    keys = table[:slots]
-    placed = keys != empty
-    assert int(placed.sum()) == len(test.unique())
-    farthest = (torch.arange(slots)[placed] - _on_chip_home(keys[placed], log_t)) % slots
-    assert int(table[slots + 1]) == int(farthest.max()) + 1
-    if sets == "neighbours":
-        assert int(farthest.max()) >= 23  # the pushed small keys sit past the large ones
-    if sets == "pusher":
-        assert int(farthest.max()) == 3
-
-
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_every_config(cpu_triton, backend):
     """Forcing a backend runs its first config only; tuning may pick any of them. Test sets on

@@ -70,9 +70,9 @@ def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits,
 
 
 @triton.jit
-def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, reach_ptr, N,
-                         cap_bits, log_t, key_bits: tl.constexpr, bucket_width: tl.constexpr,
-                         build_block: tl.constexpr, on_chip_slots: tl.constexpr):
+def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, cap_bits, log_t,
+                         key_bits: tl.constexpr, bucket_width: tl.constexpr,
+                         build_block: tl.constexpr):
     offs = tl.program_id(0) * build_block + tl.arange(0, build_block)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
@@ -83,13 +83,12 @@ def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, reach
         bit = (rel & 31).to(tl.int32)
         tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
     else:
-        _hash_insert(table_ptr, flag_ptr, reach_ptr, v, ok, log_t, key_bits, bucket_width, False,
-                     on_chip_slots > 0)
+        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, False)
 
 
 @triton.jit
-def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, reach_ptr, out_ptr, M,
-                         cap_bits, log_t, key_bits: tl.constexpr, on_chip_words: tl.constexpr,
+def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_ptr, M, cap_bits,
+                         log_t, key_bits: tl.constexpr, on_chip_words: tl.constexpr,
                          on_chip_slots: tl.constexpr, invert: tl.constexpr,
                          probe_block: tl.constexpr, blocks_per_program: tl.constexpr,
                          offsets_64bit: tl.constexpr):
@@ -116,7 +115,7 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, reach
             found = inside & (((word >> (rel & 31).to(tl.int32)) & 1) != 0)
             tl.store(out_ptr + offs, found != invert, mask=ok)
     else:
-        _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, reach_ptr, out_ptr, M, log_t, pid, key_bits,
+        _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, key_bits,
                            on_chip_slots, invert, probe_block, blocks_per_program, False)
 
 
@@ -155,7 +154,7 @@ class BitmapPlan(SetPlan):
     capacity_bits: int  # bits of the bitmap (bitmap_capacity)
     on_chip_bytes: int  # a bitmap or table up to this size is copied on chip by each program
     on_chip_words: int  # 32-bit words of bitmap each probing program copies on chip (0: none)
-    table_slots: int  # the hash set's slots with its flag and reach (0: full range, no hash set)
+    table_slots: int  # the hash set's slots with its flag (0: full range, no hash set)
     minmax_block: int  # test elements per block of the min/max launch
     minmax_blocks_per_program: int  # blocks each min/max program reduces
     partials: int  # min/max programs (0: full range, no min/max launch)
@@ -194,8 +193,8 @@ class BitmapBackend(TritonBackend):
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
         n, m, cap, log_t = p.test_elements, p.elements, p.capacity_bits, p.table_log2
         partials, table_slots, words = p.partials, p.table_slots, cap // 32
-        # (the two slots past the table are the hash set's flag and reach, as in HashBackend)
-        table_len = max(table_slots, 2)
+        # (the slot past the table is the hash set's flag, as in HashBackend)
+        table_len = max(table_slots, 1)
         lowest = torch.iinfo(p.dtype).min
         minmax = None if p.full_range else _MINMAX.bind(p, (partials,), index)
         setup = _BITMAP_SETUP.bind(p, (cdiv(max(words, table_len), p.setup_block),), index)
@@ -211,15 +210,15 @@ class BitmapBackend(TritonBackend):
             # Both structures are allocated (O(N) each, from the caching allocator); the setup
             # kernel initialises only the one the data calls for.
             bits, table, params = new_bits(), new_table(), new_params()
-            flag, reach = table[table_len - 2:table_len - 1], table[table_len - 1:]
+            flag = table[table_len - 1:]
             if minmax is None:
                 parts = params  # (a full range has no partials: the setup kernel reads none)
             else:
                 parts = new_parts()
                 minmax(t, parts, n)
             setup(parts, partials, params, bits, table, cap, table_slots, lowest)
-            build(t, params, bits, table, flag, reach, n, cap, log_t)
-            probe(x, params, bits, table, flag, reach, out, m, cap, log_t)
+            build(t, params, bits, table, flag, n, cap, log_t)
+            probe(x, params, bits, table, flag, out, m, cap, log_t)
 
         return _prepared_call(call, _reader(call.test), launches)
 
@@ -246,7 +245,7 @@ class BitmapBackend(TritonBackend):
             dtype=dtype, elements=m, test_elements=n, invert=call.invert, key_bits=key_bits,
             full_range=full_range, capacity_bits=cap_bits, on_chip_bytes=LOCAL_TABLE_BYTES,
             on_chip_words=local_words, table_log2=log_t,
-            table_slots=0 if full_range else (1 << log_t) + 2, on_chip_slots=local_slots,
+            table_slots=0 if full_range else (1 << log_t) + 1, on_chip_slots=local_slots,
             bucket_width=1 if local_slots else WIDE_BUCKET.value,
             minmax_block=self.MINMAX_BLOCK, minmax_blocks_per_program=per, partials=n_parts,
             partials_padded=next_pow2(max(n_parts, 2)), setup_block=1024, build_block=1024,

@@ -14,8 +14,8 @@ from .._common import Launcher, cdiv, check_config, plan_launcher  # noqa: F401 
 from .call import IsinCall, _bindable, _every_answer_invert, _finish, _output
 
 
-# Tables at most this large are "on chip": they stay in L1, and lookups read as many slots as
-# the build recorded as the table's reach (_hash_insert).
+# Tables at most this large are "on chip": they stay in L1, and every program of the probe
+# kernel reads one whole to bound its lookups (_probe_reach).
 LOCAL_TABLE_BYTES = 32 * 1024
 
 
@@ -112,21 +112,15 @@ def _hash(key, log_t, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
 
 
 @triton.jit
-def _hash_insert(table_ptr, flag_ptr, reach_ptr, v, ok, log_t,
-                 key_bits: tl.constexpr, bucket_width: tl.constexpr, murmur_mix: tl.constexpr,
-                 record_reach: tl.constexpr):
+def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
+                 key_bits: tl.constexpr, bucket_width: tl.constexpr, murmur_mix: tl.constexpr):
     """Insert the values v (where ok) into the linear-probing table of 2**log_t keys; probing
     starts at the first slot of the key's bucket of bucket_width slots.
 
     Slots only grow, by atomic max: a key takes an empty slot (the key type's minimum) or pushes
     out a smaller key, which then continues along its own probe sequence. No slot between a key's
     home and its place is ever empty again, so lookups stay correct, and unlike compare-and-swap
-    (which has no mask in Triton) only the lanes still inserting touch memory.
-
-    record_reach (single-slot buckets): raise *reach_ptr (which starts at the empty marker) to
-    one past the farthest any key is placed from its home. A key only ever moves away from its
-    home (pushed on), so the farthest placement is the farthest final place: a key that is not
-    within the reach of its home is not in the table, and lookups read no further."""
+    (which has no mask in Triton) only the lanes still inserting touch memory."""
     key, nan = _to_key(v, key_bits)
     empty = -(1 << (key_bits - 1))
     # The empty marker is the key type's minimum. Float keys never reach it (the most negative is
@@ -135,26 +129,15 @@ def _hash_insert(table_ptr, flag_ptr, reach_ptr, v, ok, log_t,
     tl.store(flag_ptr + tl.zeros(key.shape, dtype=tl.int32), tl.zeros(key.shape, key.dtype),
              mask=ok & (key == empty))
     todo = ok & (key != empty) & ~nan  # NaN is never a member
-    home = (_hash(key, log_t, key_bits, murmur_mix) // bucket_width) * bucket_width
-    slot = home
-    farthest = tl.zeros(key.shape, tl.int32)
+    slot = (_hash(key, log_t, key_bits, murmur_mix) // bucket_width) * bucket_width
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
         # old == empty: placed. old == key: already there. old > key: that slot belongs to a
         # larger key, try the next. empty < old < key: placed, and `old` was pushed out.
-        if record_reach:
-            placed = todo & (old < key)
-            farthest = tl.where(placed, tl.maximum(farthest, (slot - home) & ((1 << log_t) - 1)),
-                                farthest)
         pushed = todo & (old != empty) & (old < key)
         key = tl.where(pushed, old, key)
-        if record_reach:
-            home = tl.where(pushed, _hash(key, log_t, key_bits, murmur_mix), home)
         todo = todo & (old != empty) & (old != key) | pushed
         slot = tl.where(todo, (slot + 1) & ((1 << log_t) - 1), slot)
-    if record_reach:
-        tl.atomic_max(reach_ptr, (tl.max(farthest, axis=0) + 1).to(reach_ptr.dtype.element_ty),
-                      sem="relaxed")
 
 
 @triton.jit
@@ -172,10 +155,23 @@ def _search_on(table_ptr, slot, key, found, todo, log_t, empty):
 
 
 @triton.jit
+def _probe_reach(table, log_t, key_bits: tl.constexpr, slots: tl.constexpr,
+                 murmur_mix: tl.constexpr):
+    """How many slots from its home a lookup in an on-chip table must read: one past the
+    farthest any stored key sits from its own home. Linear probing places a key in the first free
+    slot it meets (or pushes a smaller key on), so a key that is not within this many slots of
+    its home is not in the table."""
+    empty = -(1 << (key_bits - 1))
+    home = _hash(table, log_t, key_bits, murmur_mix)
+    distance = (tl.arange(0, slots) - home) & ((1 << log_t) - 1)
+    return tl.max(tl.where(table != empty, distance, -1), axis=0) + 1
+
+
+@triton.jit
 def _hash_lookup(table_ptr, reach, flag_ptr, v, ok, log_t,
                  key_bits: tl.constexpr, on_chip: tl.constexpr, murmur_mix: tl.constexpr):
     """Membership of the values v in the table. on_chip: keys start at their own slot, and
-    `reach` is the build's bound (_hash_insert); otherwise at their bucket of WIDE_BUCKET slots."""
+    `reach` is _probe_reach's bound; otherwise at their bucket of WIDE_BUCKET slots."""
     key, nan = _to_key(v, key_bits)
     empty = -(1 << (key_bits - 1))
     # (the flag is loaded as a vector: mixing a scalar bool into vector masks trips the interpreter)
@@ -212,18 +208,17 @@ def _hash_lookup(table_ptr, reach, flag_ptr, v, ok, log_t,
 
 
 @triton.jit
-def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, reach_ptr, out_ptr, M, log_t, pid,
+def _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid,
                        key_bits: tl.constexpr, on_chip_slots: tl.constexpr,
                        invert: tl.constexpr, probe_block: tl.constexpr,
                        blocks_per_program: tl.constexpr, murmur_mix: tl.constexpr):
     """One program's blocks of elements looked up in the hash set. on_chip_slots > 0: the table
-    has that many slots (2**log_t), few enough to stay in L1, and the build recorded its reach.
-    (Every program read the whole table to work the reach out before: 32 KB each, as much L2
-    traffic as half the elements' own on 16M int64 in 1,024.)"""
+    has that many slots (2**log_t), few enough to stay in L1; the program reads it once to find
+    its reach."""
     reach = 0
     if on_chip_slots > 0:
-        # (the empty marker where nothing was inserted: no slot to read)
-        reach = tl.maximum(tl.load(reach_ptr), 0).to(tl.int32)
+        reach = _probe_reach(tl.load(table_ptr + tl.arange(0, on_chip_slots)), log_t, key_bits,
+                             on_chip_slots, murmur_mix)
     for i in range(blocks_per_program):
         offs = (pid * blocks_per_program + i) * probe_block + tl.arange(0, probe_block)
         ok = offs < M

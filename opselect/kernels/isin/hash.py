@@ -16,19 +16,17 @@ from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert, _h
 
 
 @triton.jit
-def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, reach_ptr, N, log_t,
+def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N, log_t,
                        key_bits: tl.constexpr, bucket_width: tl.constexpr,
-                       murmur_mix: tl.constexpr, build_block: tl.constexpr,
-                       on_chip_slots: tl.constexpr):
+                       murmur_mix: tl.constexpr, build_block: tl.constexpr):
     offs = tl.program_id(0) * build_block + tl.arange(0, build_block)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    _hash_insert(table_ptr, flag_ptr, reach_ptr, v, ok, log_t, key_bits, bucket_width,
-                 murmur_mix, on_chip_slots > 0)
+    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, murmur_mix)
 
 
 @triton.jit
-def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, reach_ptr, out_ptr, M, log_t,
+def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
                        key_bits: tl.constexpr, on_chip_slots: tl.constexpr,
                        invert: tl.constexpr, probe_block: tl.constexpr,
                        blocks_per_program: tl.constexpr, murmur_mix: tl.constexpr,
@@ -36,7 +34,7 @@ def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, reach_ptr, out_ptr, M, log_t,
     pid = tl.program_id(0)
     if offsets_64bit:
         pid = pid.to(tl.int64)
-    _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, reach_ptr, out_ptr, M, log_t, pid, key_bits,
+    _hash_probe_blocks(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t, pid, key_bits,
                        on_chip_slots, invert, probe_block, blocks_per_program, murmur_mix)
 
 
@@ -45,7 +43,7 @@ _HASH_PROBE = plan_launcher(_hash_probe_kernel)
 
 #: The keys of a hash config: probe_block, blocks_per_program (the most a program probes, with a
 #: table on chip), on_chip (a table of at most 32 KB, read through L1 with lookups bounded by its
-#: reach, which the build records), slots_per_key (the table's size: at least this
+#: reach, which each program works out once), slots_per_key (the table's size: at least this
 #: many slots per test element), num_warps (of the probing launch).
 CONFIG_KEYS = frozenset({"probe_block", "blocks_per_program", "on_chip", "slots_per_key",
                          "num_warps"})
@@ -102,12 +100,11 @@ class HashBackend(TritonBackend):
                                  call.info.index)
 
         def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
-            # The slot past the table records whether the empty marker's own value is a member,
-            # the next one an on-chip table's reach (both start as the empty marker).
-            table = torch.full((slots + 2,), empty, dtype=key_dtype, device=device)
-            flag, reach = table[slots:slots + 1], table[slots + 1:]
-            build(t, table, flag, reach, n, log_t)
-            probe(x, table, flag, reach, out, m, log_t)
+            # One slot past the table records whether the empty marker's own value is a member.
+            table = torch.full((slots + 1,), empty, dtype=key_dtype, device=device)
+            flag = table[slots:]
+            build(t, table, flag, n, log_t)
+            probe(x, table, flag, out, m, log_t)
 
         return _prepared_call(call, _reader(call.test), launches)
 
