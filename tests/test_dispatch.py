@@ -137,11 +137,7 @@ def test_changed_kernel_remeasures_only_that_backend(cpu_triton, isin_op, fake_t
     monkeypatch.setattr(tuning_mod, "time_interleaved", settle)
     with tuning():
         ops.isin(a, b)
-    # only its configurations are searched again; each other candidate's recorded config is
-    # timed once with L2 flushed (stage 2's device time is never below that) ...
-    hash_configs = len(hash_backend.configs(isin_op.prepare(a, b)))
-    assert seen.count("hash") >= hash_configs > 1
-    assert sorted(n for n in seen if n != "hash") == sorted(n for n in table if n != "hash")
+    assert set(seen) == {"hash"}  # only its configurations are searched again ...
     assert sorted(in_turns) == sorted(table)  # ... then it is timed in turns with every other
 
 

@@ -267,8 +267,7 @@ class Op(Measuring):
         tuned = False
         if tune and missing:
             # Stage 1: the best configuration of each backend not measured yet.
-            flushed: dict = {}
-            fresh = self._measure([self._by_name[c.name] for c in missing], call, flushed)
+            fresh = self._measure([self._by_name[c.name] for c in missing], call)
             for c in missing:
                 c.measured_s, c.config = fresh[c.name]
             # Stage 2: every candidate (the model's choice and torch among them) with its best
@@ -276,7 +275,7 @@ class Op(Measuring):
             # choice follows these times, so a winner replaces the current choice only if it
             # wins here too. The cached ones are timed again: times taken in another process
             # (other clocks, other neighbours) do not compare with these.
-            settled = self._settle(able, call, flushed)
+            settled = self._settle(able, call)
             cache.put_timings(self.name, call.info, call.key[1:], {
                 c.name: (_tuning.steady(settled[c.name]), c.config,
                          self._by_name[c.name].source_hash, *settled[c.name]) for c in able})

@@ -6,8 +6,9 @@ graph (capturing()): a key first seen then is decided from the cache or the mode
 
 Measuring a call has two stages (Op.decide): measure_all ranks each backend's configurations by
 device time (do_bench), then time_interleaved times every candidate's best configuration, the
-current choice among them, as the program will run it; those are the seconds recorded (the
-device time never below stage 1's, with L2 flushed), and the choice follows them, so a measured
+current choice among them, as the program will run it; those are the seconds recorded (on a
+GPU, the device time never below do_bench's of the same call, L2 flushed), and the choice
+follows them, so a measured
 winner replaces the model's (or torch) only if it wins there.
 """
 
@@ -127,8 +128,8 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
 #: agree (/3; /2 took one pass, which a disturbance right after the first compiles could skew),
 #: host and device time measured apart in each block, the device kept busy while the host
 #: queues it (/4; /3 took the wall clock of a block, which mixed the two), the device time no
-#: less than the same configuration's with L2 flushed (/5; /4 counted back-to-back blocks only,
-#: where operands that fit in L2 stay there from one call to the next).
+#: less than the same call's with L2 flushed (/5; /4 counted back-to-back blocks only, where
+#: operands that fit in L2 stay there from one call to the next).
 METHOD = "interleaved blocks through the public function, host and device apart, L2 both ways/5"
 
 #: Calls of one block at most: the device queue must hold a whole block while the device sleeps
@@ -249,6 +250,17 @@ def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.d
             break
         previous = medians
     return [low if calls_per_block[i] else (math.inf, math.inf) for i, low in enumerate(lowest)]
+
+
+#: Whether stage 2 floors a device time by do_bench's (L2 flushed) on CPU devices too: there is
+#: no L2 to flush under the interpreter, so only tests turn it on (to run that path).
+FLUSHED_FLOOR_ON_CPU = False
+
+
+def flushed_floor(device: torch.device) -> bool:
+    """Whether stage 2 counts a candidate's time with L2 flushed as a floor of its device time
+    (Measuring._settle)."""
+    return device.type == "cuda" or FLUSHED_FLOOR_ON_CPU
 
 
 def steady(host_device: tuple[float, float]) -> float:
