@@ -155,10 +155,13 @@ def test_cache_and_model_mixed(cpu_triton, isin_op, fake_times, monkeypatch):
 def test_failing_backend_is_reported_and_never_chosen(cpu_triton, isin_op, monkeypatch):
     hash_backend = isin_op.backend("hash")
 
-    def broken(call, config):
+    def broken(*args):
         raise RuntimeError("simulated launch failure")
 
+    # (the launch fails whichever way it is reached: run(), or the prepared call that tuning
+    # times and a route calls)
     monkeypatch.setattr(hash_backend, "run", broken)
+    monkeypatch.setattr(hash_backend, "bind", lambda call, config: broken)
     monkeypatch.setattr(tuning_mod, "measure", lambda fn, device, **kw: (fn(), 1e-3)[1])
     a, b = inputs()
     with pytest.warns(RuntimeWarning, match="measuring isin/hash .* failed"):

@@ -263,3 +263,36 @@ def test_settle_floors_device_time_by_the_same_call_flushed(cpu_triton, monkeypa
     monkeypatch.setattr(tuning_mode, "measure_safely", lambda fn, device, what, **kw: next(looks))
     times = op._settle(able, call)
     assert all(7.0 <= device < 100.0 for _, device in times.values())
+
+
+def test_stage_1_times_the_prepared_call(cpu_triton, monkeypatch):
+    """Stage 1 times each configuration's prepared call, made once (on the first timed call),
+    not run(), which plans and binds the launches on every call: host time that do_bench counts
+    on short calls and that no repeated call of the program pays."""
+    op = get_op("isin")
+    backend = op.backend("hash")
+    made = []
+    real_prepared = backend._prepared
+
+    def counting(plan, call):
+        made.append(plan)
+        return real_prepared(plan, call)
+
+    monkeypatch.setattr(backend, "_prepared", counting)
+    a, b = torch.arange(300) % 37, torch.tensor([1, 5, 7, 36])
+    call = op.prepare(a, b)
+    configs = backend.configs(call)
+    timed = []
+
+    def three_calls(fn, device, what, **kw):  # as do_bench would: the same function, repeatedly
+        if "/hash " in what:
+            for _ in range(3):
+                got = fn()
+                assert torch.equal(got, torch.isin(a, b))
+            timed.append(what)
+        return 1e-3
+
+    monkeypatch.setattr(tuning_mode, "measure_safely", three_calls)
+    best = op._measure([backend], call)
+    assert set(best) == {"hash"} and len(timed) >= len(configs) > 1
+    assert len(made) == len(configs)  # once a configuration, not once a call

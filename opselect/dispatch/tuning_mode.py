@@ -129,8 +129,9 @@ def measure_all(items: list[tuple[str, Callable[[], Any]]], device: torch.device
 #: host and device time measured apart in each block, the device kept busy while the host
 #: queues it (/4; /3 took the wall clock of a block, which mixed the two), the device time no
 #: less than the same call's with L2 flushed (/5; /4 counted back-to-back blocks only, where
-#: operands that fit in L2 stay there from one call to the next).
-METHOD = "interleaved blocks through the public function, host and device apart, L2 both ways/5"
+#: operands that fit in L2 stay there from one call to the next), configurations ranked by their
+#: prepared calls (/6; /5 ranked them by run(), host time included on short calls).
+METHOD = "interleaved blocks through the public function, host and device apart, L2 both ways/6"
 
 #: Calls of one block at most: the device queue must hold a whole block while the device sleeps
 #: (a few thousand launches fit; a call launches up to a handful of kernels).
