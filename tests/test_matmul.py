@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from opselect.kernels import _common
 from opselect.kernels import matmul as MM
-from opselect.kernels.matmul import LINEAR_OP, MATMUL_OP, common as mm_common, prepare_addmm
+from opselect.kernels.matmul import (LINEAR_OP, MATMUL_OP, common as mm_common, plain_key,
+                                     prepare_addmm)
 from opselect.kernels.matmul.splitk import counters_of
 
 pytestmark = [
@@ -379,8 +380,13 @@ def test_tf32_switch(cpu_triton, backend):
         assert MATMUL_OP.backend(backend).plan(loose).tf32
         assert not MATMUL_OP.backend(backend).plan(strict).tf32
     half = prepare("matmul", (a.half(), b.half()))
+    half_route = plain_key("matmul", a.half(), b.half())
+    loose_route = plain_key("matmul", a, b)
     torch.backends.cuda.matmul.allow_tf32 = False
     assert prepare("matmul", (a.half(), b.half())).key == half.key and not half.tf32
+    # the route keys (ops.matmul's memo of prepared calls) follow the switch for float32 only
+    assert plain_key("matmul", a.half(), b.half()) == half_route
+    assert plain_key("matmul", a, b) != loose_route
     check(answer("matmul", (a, b), backend), "matmul", (a, b), backend)
 
 
