@@ -158,6 +158,8 @@ def time_interleaved(items: list[tuple[str, Callable[[], Any]]], device: torch.d
     This is the measurement that settles a choice. do_bench (measure_all) flushes L2 between
     runs: right for ranking configurations of one kernel; these blocks run as the program does,
     every candidate in the same conditions (clocks, temperature, what the others left in L2).
+    (On a GPU the caller, Measuring._settle, floors each device time by do_bench's of the same
+    call: operands that fit in L2 stay there between these back-to-back calls.)
     A failing fn gets (inf, inf).
 
     The rounds are repeated (up to `passes` times, 4 on a GPU) until a pass gives every
