@@ -8,8 +8,7 @@ Measuring a call has two stages (Op.decide): measure_all ranks each backend's co
 device time (do_bench), then time_interleaved times every candidate's best configuration, the
 current choice among them, as the program will run it; those are the seconds recorded (on a
 GPU, the device time never below do_bench's of the same call, L2 flushed), and the choice
-follows them, so a measured
-winner replaces the model's (or torch) only if it wins there.
+follows them, so a measured winner replaces the model's (or torch) only if it wins there.
 """
 
 from __future__ import annotations
