@@ -8,6 +8,7 @@ spread, not against another day's run.
     python benchmarks/ab_isin.py --before COMMIT            # git show COMMIT:opselect/kernels/isin/...
     python benchmarks/ab_isin.py --before DIR               # DIR holds the three older files
     python benchmarks/ab_isin.py --before HEAD --smoke      # tiny inputs, any device: answers checked
+    python benchmarks/ab_isin.py --before COMMIT --builds   # large test sets, repeated values
 """
 
 from __future__ import annotations
@@ -34,7 +35,31 @@ CASES = [(16 * M, 1024, torch.int64, "wide"), (16 * M, 1024, torch.int32, "wide"
          (16 * M, 1024, torch.float32, "wide"), (16 * M, 256, torch.int64, "wide"),
          (16 * M, 1024, torch.float32, "narrow"), (64 * M, 1024, torch.int64, "wide"),
          (1 * M, 1024, torch.int64, "wide"), (16 * M, 4096, torch.int64, "wide")]
+# --builds: large test sets, where the build matters: distinct values (what the build's checks
+# cost) and repeated ones (what they save: atomics on one address serialise). "one": one value
+# 90% of the time; "64": 64 distinct values; float16 "narrow" draws past float16's range (inf).
+BUILD_CASES = [(1 * M, 1 * M, torch.int32, "wide"), (1 * M, 4 * M, torch.int64, "wide"),
+               (16 * M, 1 * M, torch.int32, "narrow"), (1 * M, 1 * M, torch.int32, "one"),
+               (1 * M, 1 * M, torch.int64, "one"), (1 * M, 1 * M, torch.int32, "64"),
+               (1 * M, 1 * M, torch.float32, "one"), (449724, 1319234, torch.float16, "narrow"),
+               (1 * M, 32768, torch.int32, "one")]
 MODULES = ("common", "hash", "bitmap")
+
+
+def build_inputs(op, cases, only: str, device):
+    """inputs() for BUILD_CASES: the sampled sets, with repeats written in for "one" and "64"."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    for m, n, dtype, values in cases:
+        label = f"{m / M:g}M in {n} {str(dtype)[6:]} {values}"
+        if only and only not in label:
+            continue
+        kind = values if values in ("wide", "narrow") else "narrow"
+        (x, t), _ = op.sample([[m], [n]], dtype, {"values": kind}, device)
+        if values == "one":
+            t[torch.rand(n, device=device, generator=gen) < 0.9] = t[0].item()
+        elif values == "64":
+            t = t[torch.randint(0, 64, (n,), device=device, generator=gen)]
+        yield label, (m, n, dtype), x, t, torch.isin(x, t), op.prepare(x, t)
 
 
 def _older_sources(before: str) -> dict[str, str]:
@@ -76,22 +101,30 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--cases", default="", help="only cases whose label contains this text")
+    ap.add_argument("--builds", action="store_true",
+                    help="the large test sets (BUILD_CASES) instead of the on-chip ones")
     args = ap.parse_args()
     older = load_older(args.before)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     op = get_op("isin")
     backends = {"hash": (op.backend("hash"), older["hash"].HashBackend()),
                 "bitmap": (op.backend("bitmap"), older["bitmap"].BitmapBackend())}
-    cases = [(3000, n, d, v) for _, n, d, v in CASES] if args.smoke else CASES
+    cases = BUILD_CASES if args.builds else CASES
+    if args.smoke:
+        cases = [(3000, min(n, 20000), d, v) for _, n, d, v in cases]
+    make = build_inputs if args.builds else inputs
     results = {}
-    for label, (m, n, dtype), x, t, ref, call in inputs(op, cases, args.cases, device):
+    for label, (m, n, dtype), x, t, ref, call in make(op, cases, args.cases, device):
         variants, checks = {}, {}
         for name, (now, before) in backends.items():
             if now.supports(call) is not None:
                 continue
             config = dict(now.configs(call)[0])
-            variants[f"{name} before"] = lambda b=before, c=config: b.run(call, c)
-            variants[f"{name} now"] = lambda b=now, c=config: b.run(call, c)
+            # Prepared calls (bound once, as a route's): run() plans and binds its launches on
+            # every call, host time that do_bench counts on calls of tens of microseconds.
+            for side, b in (("before", before), ("now", now)):
+                prepared = b.bind(call, config)
+                variants[f"{name} {side}"] = lambda p=prepared: p(x, t)
         variants["torch"] = lambda: torch.isin(x, t)
         for name, fn in variants.items():
             checks[name] = bool(torch.equal(fn(), ref))

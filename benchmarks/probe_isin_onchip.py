@@ -159,10 +159,10 @@ def main() -> None:
         # on-chip tables), and murmur's finaliser for "reach murmur"; "hash" builds its own
         tables = {}
         for mix in (False, True):
-            table = torch.full((slots + 1,), torch.iinfo(key_dtype).min, dtype=key_dtype,
+            table = torch.full((slots + 2,), torch.iinfo(key_dtype).min, dtype=key_dtype,
                                device=device)
             H._hash_build_kernel[(triton.cdiv(n, 1024),)](
-                t, table, table[slots:], n, log_t, key_bits=key_bits, bucket_width=1,
+                t, table, table[slots:slots + 1], table[slots + 1:], n, log_t, key_bits=key_bits, bucket_width=1,
                 murmur_mix=mix, build_block=1024)
             tables[mix] = table
         out = torch.empty(m, dtype=torch.bool, device=device)

@@ -135,6 +135,82 @@ def test_duplicates_heavy(cpu_triton):
         check(elements, test, backend)
 
 
+@pytest.mark.parametrize("kind", ["one value", "64 values", "wide int64", "float16 infs"])
+def test_large_test_sets_with_repeats(cpu_triton, kind):
+    """Test sets large enough for the pre-insert launch (a strided subset inserted first, then
+    the build skips the copies of values already in): one value 90% of the time, 64 values,
+    int64 values too wide for the bitmap (its hash set), float16 values past its range (inf).
+    Members, non-members and the answers of the values the pre-insert skipped over."""
+    from opselect.kernels._common import Launcher
+
+    gen = torch.Generator().manual_seed(11)
+    n = isin_mod.common.PREINSERT_FROM + 3001
+    if kind == "one value":
+        test = torch.randint(-5000, 5000, (n,), generator=gen, dtype=torch.int32)
+        test[torch.rand(n, generator=gen) < 0.9] = 77
+    elif kind == "64 values":
+        test = torch.randint(0, 64, (n,), generator=gen, dtype=torch.int32) * 3
+    elif kind == "wide int64":
+        test = torch.randint(-2**62, 2**62, (64,), generator=gen)[torch.randint(0, 64, (n,),
+                                                                             generator=gen)]
+        test[-1] = 12345  # the last element, which the strided subset does not reach
+    else:
+        test = torch.randint(0, 4 * n, (n,), generator=gen).to(torch.float16)  # mostly inf
+    pool = torch.cat([test[torch.randint(0, n, (1500,), generator=gen)], test[-3:],
+                      torch.randint(-300, 300, (1500,), generator=gen).to(test.dtype)])
+    elements = pool[torch.randperm(len(pool), generator=gen)]
+    launched = []
+    old, Launcher.observer = Launcher.observer, lambda fn: launched.append(fn.__name__)
+    try:
+        for backend in ("hash", "bitmap"):
+            if supports(backend, test.dtype):
+                check(elements, test, backend)
+                check(elements, test, backend, invert=True)
+    finally:
+        Launcher.observer = old
+    assert "_hash_preinsert_kernel" in launched
+
+
+@pytest.mark.parametrize("structure", ["hash", "bitmap", "bitmap's hash set"])
+@pytest.mark.parametrize("repeats", [0, 15, 16, 900])
+def test_preinsert_turns_the_check_on_at_16_repeats(cpu_triton, structure, repeats):
+    """The pre-insert launch counts the repeats among the test elements it inserts (a value met
+    c times is c - 1 repeats) and raises the build's check flag at REPEATS_FOR_CHECK (16), and
+    leaves it off below; its values are in the structure either way."""
+    from opselect.kernels.isin import bitmap as B, common as C, hash as H
+
+    assert C.REPEATS_FOR_CHECK.value == 16
+    block, stride = C.PREINSERT_ELEMENTS, 3
+    test = torch.randperm(block * stride, generator=torch.Generator().manual_seed(repeats),
+                          dtype=torch.int32) * 7
+    test[torch.arange(1, repeats + 1) * stride] = int(test[0])  # repeats more copies of one value
+    sampled = test[::stride]
+    log_t = C._hash_table_log(len(test))
+    slots = 1 << log_t
+    table = torch.full((slots + 2,), torch.iinfo(torch.int32).min, dtype=torch.int32)
+    if structure == "hash":
+        H._hash_preinsert_kernel[(1,)](test, table, table[slots:slots + 1], table[slots + 1:],
+                                       stride, log_t, key_bits=32, bucket_width=4,
+                                       murmur_mix=False, preinsert_block=block)
+        flag = int(table[slots + 1])
+    else:
+        cap = 1 << 16 if structure == "bitmap" else 16  # the range fits, or it does not
+        params = torch.tensor([0, int(structure == "bitmap"), 0], dtype=torch.int64)
+        bits = torch.zeros(cap // 32 or 1, dtype=torch.int32)
+        B._bitmap_preinsert_kernel[(1,)](test, params, bits, table, table[slots:slots + 1],
+                                         stride, cap, log_t, key_bits=32, bucket_width=4,
+                                         preinsert_block=block)
+        flag = int(params[2])
+        if structure == "bitmap":
+            members = torch.nonzero((bits[:, None] >> torch.arange(32)) & 1).tolist()
+            assert sorted(w * 32 + b for w, b in members) == sorted(sampled.unique().tolist())
+    assert flag == int(repeats >= 16)
+    if structure != "bitmap":
+        empty = torch.iinfo(torch.int32).min
+        assert sorted(table[:slots][table[:slots] != empty].tolist()) == \
+            sorted(sampled.unique().tolist())
+
+
 def test_hash_collisions(cpu_triton):
     """Keys that differ only above the hash's bits, to lengthen probe chains."""
     test = (torch.arange(300, dtype=torch.int64) << 40) + 11

@@ -76,6 +76,13 @@ SORT_ONE_BLOCK = 4096
 SORT_MULTI_KERNEL_FLOOR_S = 60e-6
 
 
+#: The host time of search's torch.sort (values and indices) and the tensors around it, in
+#: torch launches: the H200's host measured 47.9 us a call back to back (isin 256 in 16 int64,
+#: benchmarks/results/h200/dispatch.md) against the 22 us of the two launches charged before,
+#: which had the cold model take search over hash on 1e6 elements in 1K values (regret 2.0).
+SEARCH_TORCH_LAUNCHES = 5
+
+
 def search(call, model, plan=None):
     m, n, s = call.m, call.n, call.elements.dtype.itemsize
     steps = max(1, math.ceil(math.log2(max(n, 2)))) + 1
@@ -88,8 +95,23 @@ def search(call, model, plan=None):
     if n > SORT_ONE_BLOCK:
         sort = max(sort, SORT_MULTI_KERNEL_FLOOR_S)
     return model.estimate(OP, "search", triton=True, sort=sort,
-                          launch=BOUND_LAUNCH + 2 * model.torch_launch,
+                          launch=BOUND_LAUNCH + SEARCH_TORCH_LAUNCHES * model.torch_launch,
                           memory=_stream(call, model), lookups=lookups)
+
+
+#: Test sets of at least this many elements get the pre-insert launch (below it, the worst case,
+#: every element one value, serialises about as long as the extra launch takes).
+PREINSERT_FROM = 16384
+#: The pre-insert launch of test sets of PREINSERT_FROM elements or more (one program inserts
+#: a strided subset before the build, kernels/isin/common.py): its time on the device, a chain of
+#: dependent L2 atomics (H200, benchmarks/ab_isin.py --builds: 1M distinct int32 values, hash
+#: 60.9 -> 64.9 us, bitmap 87.5 -> 91.7).
+PREINSERT_S = 4e-6
+
+
+def _preinsert(call, model) -> tuple[float, float]:
+    """(host, device) seconds of the pre-insert launch, (0, 0) for smaller test sets."""
+    return (BOUND_LAUNCH, PREINSERT_S) if call.n >= PREINSERT_FROM else (0.0, 0.0)
 
 
 def table_bytes(call, slots_per_key: int = 4, keys: int | None = None) -> int:
@@ -156,8 +178,10 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
     if dtype.itemsize <= 2 and not dtype.is_floating_point:
         hot_bytes = table_bytes(call, keys=min(n, 1 << (8 * dtype.itemsize)))
     build = model.stream(t_bytes) + _atomics(1.3 * n, hot_bytes, model)
-    return model.estimate(OP, "hash", triton=True, launch=2 * BOUND_LAUNCH + 3 * model.torch_launch,
-                          memory=_stream(call, model), build=build, probes=probes)
+    pre_host, pre_device = _preinsert(call, model)
+    return model.estimate(OP, "hash", triton=True,
+                          launch=2 * BOUND_LAUNCH + 3 * model.torch_launch + pre_host,
+                          memory=_stream(call, model), build=build + pre_device, probes=probes)
 
 
 #: A bitmap of a few words (8- and 16-bit keys: 8 and 2048 words) takes every test value's
@@ -180,8 +204,9 @@ def bitmap(call, model, plan):
     bit_bytes = cap_bits / 8
     local = bit_bytes <= local_bytes
     bit_updates = _atomics(n, bit_bytes, model)
-    parts = dict(launch=4 * BOUND_LAUNCH + 5 * model.torch_launch, memory=_stream(call, model),
-                 setup=model.stream(bit_bytes) + bit_updates)
+    pre_host, pre_device = _preinsert(call, model)
+    parts = dict(launch=4 * BOUND_LAUNCH + 5 * model.torch_launch + pre_host,
+                 memory=_stream(call, model), setup=model.stream(bit_bytes) + bit_updates + pre_device)
     narrow = 1.2 * model.gather(m, 0, on_chip=True) if local else model.gather(m, bit_bytes)
     if s <= 2:  # 8/16-bit integers: the whole range always fits, in a few words
         return model.estimate(OP, "bitmap", triton=True, probes=narrow,

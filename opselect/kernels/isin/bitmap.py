@@ -12,7 +12,7 @@ import triton.language as tl
 from ...heuristics import isin as cost
 from .._common import allocator, cdiv, needs_int64, next_pow2
 from .call import IsinCall, _prepared_call, _reader
-from .common import (LOCAL_TABLE_BYTES, WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
+from .common import (LOCAL_TABLE_BYTES, REPEATS_FOR_CHECK, WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert,
                      _hash_probe_blocks, _key_bits, plan_launcher, check_config, table_plan,
                      TritonBackend)
 
@@ -23,7 +23,8 @@ BITMAP_MAX_BITS = 1 << 28  # 32 MiB
 
 # The bitmap backend decides on the device, without a host sync, between a bitmap (when the test
 # set's value range fits its capacity) and the hash set (when it does not). params[0] holds the
-# range's low end, params[1] 1 for the bitmap and 0 for the hash set.
+# range's low end, params[1] 1 for the bitmap and 0 for the hash set, params[2] 1 when the
+# pre-insert found repeated test values (the build then checks before its atomics).
 @triton.jit
 def _minmax_partials_kernel(t_ptr, part_ptr, N, minmax_block: tl.constexpr,
                             minmax_blocks_per_program: tl.constexpr):
@@ -61,6 +62,7 @@ def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits,
     if pid == 0:
         tl.store(params_ptr, lo)
         tl.store(params_ptr + 1, fits.to(tl.int64))
+        tl.store(params_ptr + 2, tl.zeros([], tl.int64))  # the pre-insert's flag: off
     offs = pid * setup_block + tl.arange(0, setup_block)
     if fits:
         tl.store(bits_ptr + offs, tl.zeros([setup_block], tl.int32), mask=offs < cap_bits // 32)
@@ -70,20 +72,52 @@ def _bitmap_setup_kernel(part_ptr, P, params_ptr, bits_ptr, table_ptr, cap_bits,
 
 
 @triton.jit
+def _bitmap_insert(v, ok, params_ptr, bits_ptr, table_ptr, flag_ptr, cap_bits, log_t,
+                   key_bits: tl.constexpr, bucket_width: tl.constexpr, check_first):
+    """The test values v (where ok) into the bitmap, or into the hash set when the range is too
+    wide; the lanes whose value was in already. check_first (a constexpr or a device flag): a
+    lane whose bit is already set is done without an atomic (atomics on one word serialise; see
+    _hash_insert)."""
+    if tl.load(params_ptr + 1) != 0:
+        rel = v.to(tl.int64) - tl.load(params_ptr)
+        ok = ok & (rel >= 0) & (rel < cap_bits)
+        word = (rel >> 5).to(tl.int32)
+        bit = (rel & 31).to(tl.int32)
+        todo = ok
+        if check_first:
+            held = tl.load(bits_ptr + word, mask=ok, other=0)
+            todo = ok & (((held >> bit) & 1) == 0)
+        old = tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=todo, sem="relaxed")
+        there = ok & (~todo | (((old >> bit) & 1) != 0))
+    else:
+        there = _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, False,
+                             check_first)
+    return there
+
+
+@triton.jit
+def _bitmap_preinsert_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, stride, cap_bits,
+                             log_t, key_bits: tl.constexpr, bucket_width: tl.constexpr,
+                             preinsert_block: tl.constexpr):
+    """One program: every stride-th test element first; params[2] = 1 where enough of them
+    were repeats, which turns the build's checks on (as _hash_preinsert_kernel)."""
+    offs = tl.arange(0, preinsert_block) * stride
+    v = tl.load(t_ptr + offs)
+    there = _bitmap_insert(v, offs >= 0, params_ptr, bits_ptr, table_ptr, flag_ptr, cap_bits,
+                           log_t, key_bits, bucket_width, False)
+    repeats = tl.sum(there.to(tl.int32), axis=0)
+    tl.store(params_ptr + 2, (repeats >= REPEATS_FOR_CHECK).to(tl.int64))
+
+
+@triton.jit
 def _bitmap_build_kernel(t_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, N, cap_bits, log_t,
                          key_bits: tl.constexpr, bucket_width: tl.constexpr,
                          build_block: tl.constexpr):
     offs = tl.program_id(0) * build_block + tl.arange(0, build_block)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    if tl.load(params_ptr + 1) != 0:
-        rel = v.to(tl.int64) - tl.load(params_ptr)
-        ok = ok & (rel >= 0) & (rel < cap_bits)
-        word = (rel >> 5).to(tl.int32)
-        bit = (rel & 31).to(tl.int32)
-        tl.atomic_or(bits_ptr + word, (1 << bit).to(tl.int32), mask=ok, sem="relaxed")
-    else:
-        _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, False)
+    _bitmap_insert(v, ok, params_ptr, bits_ptr, table_ptr, flag_ptr, cap_bits, log_t, key_bits,
+                   bucket_width, tl.load(params_ptr + 2) == 1)
 
 
 @triton.jit
@@ -123,6 +157,7 @@ def _bitmap_probe_kernel(x_ptr, params_ptr, bits_ptr, table_ptr, flag_ptr, out_p
 # argument and every constexpr).
 _MINMAX = plan_launcher(_minmax_partials_kernel, num_warps=4)
 _BITMAP_SETUP = plan_launcher(_bitmap_setup_kernel, num_warps=4)
+_BITMAP_PREINSERT = plan_launcher(_bitmap_preinsert_kernel, num_warps=4)
 _BITMAP_BUILD = plan_launcher(_bitmap_build_kernel, num_warps=4)
 _BITMAP_PROBE = plan_launcher(_bitmap_probe_kernel)
 
@@ -187,8 +222,8 @@ class BitmapBackend(TritonBackend):
 
     def _prepared(self, p, call: IsinCall):
         """The prepared call (call._prepared_call): the scratch, then the min/max (wider than
-        16-bit keys), setup, build and probe launches. Which structure the data calls for is
-        still decided on the device, by the setup kernel."""
+        16-bit keys), setup, pre-insert (large test sets), build and probe launches. Which
+        structure the data calls for is still decided on the device, by the setup kernel."""
         device, index = call.elements.device, call.info.index
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
         n, m, cap, log_t = p.test_elements, p.elements, p.capacity_bits, p.table_log2
@@ -198,12 +233,14 @@ class BitmapBackend(TritonBackend):
         lowest = torch.iinfo(p.dtype).min
         minmax = None if p.full_range else _MINMAX.bind(p, (partials,), index)
         setup = _BITMAP_SETUP.bind(p, (cdiv(max(words, table_len), p.setup_block),), index)
+        stride = p.preinsert_stride
+        preinsert = _BITMAP_PREINSERT.bind(p, (1,), index) if stride else None
         build = _BITMAP_BUILD.bind(p, (cdiv(n, p.build_block),), index)
         probe = _BITMAP_PROBE.bind(p, (cdiv(m, p.probe_block * p.blocks_per_program),), index)
 
         new_bits = allocator((words,), torch.int32, device)
         new_table = allocator((table_len,), key_dtype, device)
-        new_params = allocator((2,), torch.int64, device)
+        new_params = allocator((3,), torch.int64, device)
         new_parts = allocator((2 * partials,), torch.int64, device)
 
         def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
@@ -217,6 +254,8 @@ class BitmapBackend(TritonBackend):
                 parts = new_parts()
                 minmax(t, parts, n)
             setup(parts, partials, params, bits, table, cap, table_slots, lowest)
+            if preinsert is not None:
+                preinsert(t, params, bits, table, flag, stride, cap, log_t)
             build(t, params, bits, table, flag, n, cap, log_t)
             probe(x, params, bits, table, flag, out, m, cap, log_t)
 

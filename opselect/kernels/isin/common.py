@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.backend import PlannedBackend
+from ...heuristics.isin import PREINSERT_FROM
 from .._common import Launcher, cdiv, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
 from .call import IsinCall, _bindable, _every_answer_invert, _finish, _output
 
@@ -29,6 +30,23 @@ WIDE_BUCKET = tl.constexpr(4)
 # up to 1,024 keys at 4 slots a key need at most 11 (CPU simulation of the build); a table that
 # needs more keeps the loop for what is left.
 BOUNDED_PROBES = tl.constexpr(16)
+
+
+# Slots a build's lane reads before its atomics, to skip a key already in the table
+# (_hash_insert's check_first).
+FIRST_LOOKS = tl.constexpr(4)
+
+# Test sets of at least PREINSERT_FROM elements (heuristics/isin.py, which charges the launch)
+# get a pre-insert launch (SetPlan.preinsert_stride): one program inserts every stride-th
+# element, PREINSERT_ELEMENTS of them. A value repeated r times costs the build about r
+# serialised atomics without it; a value the pre-insert missed appears about
+# N / PREINSERT_ELEMENTS times at most, a few microseconds.
+PREINSERT_ELEMENTS = 1024
+# The pre-insert turns the build's check on when at least this many of its elements were
+# repeats: a value of at least about 1.5% of the set. Such a value serialises about as much
+# time on its slot as the check costs the whole build (0.8 ns an atomic against about 0.011 ns
+# an element: 1M distinct int32 values, 60 -> 72 us).
+REPEATS_FOR_CHECK = tl.constexpr(16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,9 +131,19 @@ def _hash(key, log_t, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
 
 @triton.jit
 def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
-                 key_bits: tl.constexpr, bucket_width: tl.constexpr, murmur_mix: tl.constexpr):
+                 key_bits: tl.constexpr, bucket_width: tl.constexpr, murmur_mix: tl.constexpr,
+                 check_first):
     """Insert the values v (where ok) into the linear-probing table of 2**log_t keys; probing
-    starts at the first slot of the key's bucket of bucket_width slots.
+    starts at the first slot of the key's bucket of bucket_width slots. Returns the lanes whose
+    key was in the table already (a repeat).
+
+    check_first (a constexpr, or a flag read on the device): a lane whose key one of the first
+    FIRST_LOOKS slots already holds is done without an atomic. Atomics on one address serialise
+    (about 0.8 ns each on an H200), so a test set that repeats a value many times would queue
+    every copy on that value's slot: the pre-insert launch (SetPlan.preinsert_stride) puts such
+    values in the table first and raises the flag, and this check lets the build skip their
+    copies. Sets without such repeats leave it off: its loads cost a build of 1M distinct int32
+    values 19% (H200, benchmarks/results/h200/fits/isin.md, "hash: repeated test values").
 
     Slots only grow, by atomic max: a key takes an empty slot (the key type's minimum) or pushes
     out a smaller key, which then continues along its own probe sequence. No slot between a key's
@@ -130,14 +158,25 @@ def _hash_insert(table_ptr, flag_ptr, v, ok, log_t,
              mask=ok & (key == empty))
     todo = ok & (key != empty) & ~nan  # NaN is never a member
     slot = (_hash(key, log_t, key_bits, murmur_mix) // bucket_width) * bucket_width
+    if check_first:
+        # A key found here is in the table for good: a slot's key only moves on when a larger
+        # key takes the slot, and the lane that takes it carries the smaller key on.
+        look = todo
+        for i in tl.static_range(FIRST_LOOKS):
+            seen = tl.load(table_ptr + ((slot + i) & ((1 << log_t) - 1)), mask=look, other=empty)
+            todo = todo & (seen != key)
+            look = look & (seen != key) & (seen != empty)
+    there = ok & ~todo & (key != empty) & ~nan
     while tl.max(todo.to(tl.int32), axis=0) > 0:
         old = tl.atomic_max(table_ptr + slot, key, mask=todo, sem="relaxed")
         # old == empty: placed. old == key: already there. old > key: that slot belongs to a
         # larger key, try the next. empty < old < key: placed, and `old` was pushed out.
+        there = there | (todo & (old == key))
         pushed = todo & (old != empty) & (old < key)
         key = tl.where(pushed, old, key)
         todo = todo & (old != empty) & (old != key) | pushed
         slot = tl.where(todo, (slot + 1) & ((1 << log_t) - 1), slot)
+    return there
 
 
 @triton.jit
@@ -275,6 +314,17 @@ class SetPlan:
     blocks_per_program: int  # probing blocks per program (amortises an on-chip copy)
     offsets_64bit: bool  # offsets past 2**31 elements
     num_warps: int  # of the probing launch
+
+    @property
+    def preinsert_stride(self) -> int:
+        """The stride of the pre-insert launch over the test elements (0: no such launch)."""
+        n = self.test_elements
+        return n // PREINSERT_ELEMENTS if n >= PREINSERT_FROM else 0
+
+    @property
+    def preinsert_block(self) -> int:
+        """The elements the pre-insert launch's one program inserts."""
+        return PREINSERT_ELEMENTS
 
 
 class TritonBackend(PlannedBackend):

@@ -11,18 +11,36 @@ import triton.language as tl
 from ...heuristics import isin as cost
 from .._common import cdiv, needs_int64
 from .call import IsinCall, _prepared_call, _reader
-from .common import (WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert, _hash_probe_blocks,
+from .common import (REPEATS_FOR_CHECK, WIDE_BUCKET, SetPlan, _blocks_per_program, _hash_insert, _hash_probe_blocks,
                      _key_bits, plan_launcher, check_config, table_plan, TritonBackend)
 
 
 @triton.jit
-def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, N, log_t,
+def _hash_preinsert_kernel(t_ptr, table_ptr, flag_ptr, repeats_ptr, stride, log_t,
+                           key_bits: tl.constexpr, bucket_width: tl.constexpr,
+                           murmur_mix: tl.constexpr, preinsert_block: tl.constexpr):
+    """One program: every stride-th test element into the table, before the build. Where enough
+    of them were repeats, repeats_ptr is set to 1, and the build checks for a key before its
+    atomics, which skips the copies of the repeated values (_hash_insert)."""
+    offs = tl.arange(0, preinsert_block) * stride
+    v = tl.load(t_ptr + offs)
+    there = _hash_insert(table_ptr, flag_ptr, v, offs >= 0, log_t, key_bits, bucket_width,
+                         murmur_mix, False)
+    repeats = tl.sum(there.to(tl.int32), axis=0)
+    tl.store(repeats_ptr, (repeats >= REPEATS_FOR_CHECK).to(repeats_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _hash_build_kernel(t_ptr, table_ptr, flag_ptr, repeats_ptr, N, log_t,
                        key_bits: tl.constexpr, bucket_width: tl.constexpr,
                        murmur_mix: tl.constexpr, build_block: tl.constexpr):
+    """repeats_ptr: 1 when the pre-insert found repeated values (no pre-insert: the empty
+    marker, off)."""
     offs = tl.program_id(0) * build_block + tl.arange(0, build_block)
     ok = offs < N
     v = tl.load(t_ptr + offs, mask=ok, other=0)
-    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, murmur_mix)
+    _hash_insert(table_ptr, flag_ptr, v, ok, log_t, key_bits, bucket_width, murmur_mix,
+                 tl.load(repeats_ptr) == 1)
 
 
 @triton.jit
@@ -38,6 +56,7 @@ def _hash_probe_kernel(x_ptr, table_ptr, flag_ptr, out_ptr, M, log_t,
                        on_chip_slots, invert, probe_block, blocks_per_program, murmur_mix)
 
 
+_HASH_PREINSERT = plan_launcher(_hash_preinsert_kernel, num_warps=4)
 _HASH_BUILD = plan_launcher(_hash_build_kernel, num_warps=4)
 _HASH_PROBE = plan_launcher(_hash_probe_kernel)
 
@@ -90,20 +109,25 @@ class HashBackend(TritonBackend):
         return out
 
     def _prepared(self, p, call: IsinCall):
-        """The prepared call (call._prepared_call): a fresh table, then the build and probe
-        launches."""
+        """The prepared call (call._prepared_call): a fresh table, then the pre-insert (large
+        test sets), build and probe launches."""
         key_dtype = torch.int64 if p.key_bits == 64 else torch.int32
         slots, empty, device = 1 << p.table_log2, torch.iinfo(key_dtype).min, call.elements.device
         n, m, log_t = p.test_elements, p.elements, p.table_log2
+        stride = p.preinsert_stride
+        preinsert = _HASH_PREINSERT.bind(p, (1,), call.info.index) if stride else None
         build = _HASH_BUILD.bind(p, (cdiv(n, p.build_block),), call.info.index)
         probe = _HASH_PROBE.bind(p, (cdiv(m, p.probe_block * p.blocks_per_program),),
                                  call.info.index)
 
         def launches(x: torch.Tensor, t: torch.Tensor, out: torch.Tensor) -> None:
-            # One slot past the table records whether the empty marker's own value is a member.
-            table = torch.full((slots + 1,), empty, dtype=key_dtype, device=device)
-            flag = table[slots:]
-            build(t, table, flag, n, log_t)
+            # Past the table: whether the empty marker's own value is a member, and whether the
+            # pre-insert found repeated values (the empty marker: it did not run).
+            table = torch.full((slots + 2,), empty, dtype=key_dtype, device=device)
+            flag, repeats = table[slots:slots + 1], table[slots + 1:]
+            if preinsert is not None:
+                preinsert(t, table, flag, repeats, stride, log_t)
+            build(t, table, flag, repeats, n, log_t)
             probe(x, table, flag, out, m, log_t)
 
         return _prepared_call(call, _reader(call.test), launches)
