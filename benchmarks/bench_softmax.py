@@ -215,6 +215,7 @@ def run_backward(smoke: bool, argv: list[str]) -> dict | None:
     op = get_op("softmax")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     time_ms = harness.timer(device, args.rep_ms, args.repeat)
+    time_once = harness.timer(device, args.rep_ms, 1)
     bw = harness.copy_bandwidth(device, time_ms)
     only = {p for p in args.providers.split(",") if p}
     wanted = lambda p: not only or p in only  # noqa: E731
@@ -261,20 +262,10 @@ def run_backward(smoke: bool, argv: list[str]) -> dict | None:
             if wanted(peer):
                 providers[peer] = (lambda f: lambda: f(x, dim))(f)
         auto = lambda: _fwd_bwd(lambda t, d: ops.softmax(t, d))(x, g, dim)  # noqa: E731
-        for pname, f in providers.items():
-            row["ms"][pname] = harness.time_checked(pname, f, ref, None, check, time_ms, row)
-        if wanted("auto-cold"):
-            harness._fresh_cache("cold")
-            row["auto_cold_choice"] = op.explain(xg, dim).choice
-            row["ms"]["auto-cold"] = harness.time_checked("auto-cold", auto, ref, None, check,
-                                                          time_ms, row)
-        if wanted("auto-warm"):
-            harness._fresh_cache("warm")
-            warm_call("softmax", (xg,), {"dim": dim})
-            opselect.forget()
-            row["auto_warm_choice"] = op.explain(xg, dim).choice
-            row["ms"]["auto-warm"] = harness.time_checked("auto-warm", auto, ref, None, check,
-                                                          time_ms, row)
+        harness.measure(row, providers, auto, ref=ref, inputs=None, check=check, wanted=wanted,
+                        explain=lambda: op.explain(xg, dim).choice,
+                        warm=lambda: warm_call("softmax", (xg,), {"dim": dim}),
+                        time_once=time_once, rounds=args.repeat)
         harness._derive(row, op, bw)
         rows.append(row)
         print(harness._line(row), flush=True)

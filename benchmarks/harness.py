@@ -146,13 +146,9 @@ def copy_bandwidth(device: torch.device, time_ms: Callable) -> float:
 
 
 def _fresh_cache(tag: str) -> str:
-    import opselect
-    from opselect.tune_cache import reset
-
+    """A new, empty tune cache directory, entered (enter_cache)."""
     d = tempfile.mkdtemp(prefix=f"opselect-bench-{tag}-")
-    os.environ["OPSELECT_CACHE_DIR"] = d
-    reset()
-    opselect.forget()
+    enter_cache(d)
     return d
 
 
@@ -184,6 +180,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     time_ms = timer(device, args.rep_ms, args.repeat)
+    time_once = timer(device, args.rep_ms, 1)  # one median a round: the rounds take turns
     bw = copy_bandwidth(device, time_ms)
     only = {p for p in args.providers.split(",") if p}
     wanted = lambda p: not only or p in only  # noqa: E731
@@ -224,29 +221,12 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
         for peer, fn in suite.peers.items():
             if wanted(peer):
                 providers[peer] = (lambda f: lambda: f(*a, **kw))(fn)
-        for name, fn in providers.items():
-            row["ms"][name] = time_checked(name, fn, ref, inputs, suite.check, time_ms, row)
-        if wanted("copy") and case.nbytes >= 2:
-            # A copy of the same traffic (half read, half written): what memory gives at this
-            # size, launch and ramp included. Small cases stay well under the copy bandwidth
-            # measured on 256 MB, whatever the kernel.
-            src = torch.empty(case.nbytes // 2, dtype=torch.uint8, device=device)
-            row["ms"]["copy"] = time_ms(src.clone)
-            del src
-        if wanted("auto-cold"):
-            _fresh_cache("cold")
-            row["auto_cold_choice"] = op.explain(*a, **kw).choice
-            row["ms"]["auto-cold"] = time_checked("auto-cold", lambda: public(*a, **kw), ref,
-                                                  inputs, suite.check, time_ms, row)
-        if wanted("auto-warm"):
-            _fresh_cache("warm")
-            from opselect.warm import warm_call
+        from opselect.warm import warm_call
 
-            warm_call(op.name, a, kw)
-            opselect.forget()
-            row["auto_warm_choice"] = op.explain(*a, **kw).choice
-            row["ms"]["auto-warm"] = time_checked("auto-warm", lambda: public(*a, **kw), ref,
-                                                  inputs, suite.check, time_ms, row)
+        measure(row, providers, lambda: public(*a, **kw), ref=ref, inputs=inputs,
+                check=suite.check, wanted=wanted, explain=lambda: op.explain(*a, **kw).choice,
+                warm=lambda: warm_call(op.name, a, kw), time_once=time_once,
+                rounds=args.repeat, copy_bytes=case.nbytes, device=device)
         _derive(row, op, bw, suite)
         rows.append(row)
         print(_line(row), flush=True)
@@ -288,22 +268,90 @@ def _op_and_public(name: str):
     return op, getattr(opselect.ops, name, None) or op
 
 
+def checked(name: str, fn: Callable[[], Any], ref: Any, inputs: Any,
+            check: Callable[[Any, Any, Any], str | None], row: dict) -> bool:
+    """Run fn once and check it against ref. A wrong or failing provider is recorded in
+    row["errors"] and printed, and its time in row["ms"] is None."""
+    try:
+        err = check(fn(), ref, inputs)
+    except Exception as exc:  # noqa: BLE001 - a failing provider is reported, the suite goes on
+        err = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  !! {row['case']}: {name} failed: {err}", flush=True)
+    else:
+        if err:
+            print(f"  !! {row['case']}: {name} is WRONG: {err}", flush=True)
+    if err:
+        row["errors"][name] = err
+        row["ms"][name] = None
+    return not err
+
+
 def time_checked(name: str, fn: Callable[[], Any], ref: Any, inputs: Any,
                  check: Callable[[Any, Any, Any], str | None], time_ms, row: dict) -> float | None:
-    """Run fn once and check it against ref; time it if right. A wrong or failing provider is
-    recorded in row["errors"] and printed, and gets no time (None)."""
-    try:
-        got = fn()
-        err = check(got, ref, inputs)
-        if err:
-            row["errors"][name] = err
-            print(f"  !! {row['case']}: {name} is WRONG: {err}", flush=True)
-            return None
-        return time_ms(fn)
-    except Exception as exc:  # noqa: BLE001 - a failing provider is reported, the suite goes on
-        row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"  !! {row['case']}: {name} failed: {row['errors'][name]}", flush=True)
-        return None
+    """checked(), then fn's time if right (None if not)."""
+    return time_ms(fn) if checked(name, fn, ref, inputs, check, row) else None
+
+
+def measure(row: dict, providers: dict[str, Callable[[], Any]], auto: Callable[[], Any], *,
+            ref: Any, inputs: Any, check, wanted, explain: Callable[[], str],
+            warm: Callable[[], None], time_once, rounds: int, copy_bytes: int = 0,
+            device: torch.device | None = None) -> None:
+    """row["ms"] of a case: every provider checked first, then all timed in turns (each once a
+    round, the best of `rounds`), with a copy of copy_bytes of traffic and auto (cold: a fresh
+    tune cache; warm: one that warm() filled) among them where wanted. Timed one after another,
+    a host's clock drift over a case's seconds read as a difference between them (H200: the
+    same cuBLAS kernel of 8192^3 measured 0.88x and 1.11x of itself as torch and as auto's
+    pick, one run each). explain() gives auto's choice, recorded in the row."""
+    import opselect
+
+    timed: dict[str, tuple[Callable[[], Any], str | None]] = {}
+    for name, fn in providers.items():
+        if checked(name, fn, ref, inputs, check, row):
+            timed[name] = (fn, None)
+    src = None
+    if wanted("copy") and copy_bytes >= 2:
+        # A copy of the same traffic (half read, half written): what memory gives at this size,
+        # launch and ramp included. Small cases stay well under the copy bandwidth measured on
+        # 256 MB, whatever the kernel.
+        src = torch.empty(copy_bytes // 2, dtype=torch.uint8, device=device)
+        timed["copy"] = (src.clone, None)
+    for tag in ("cold", "warm"):
+        if not wanted(f"auto-{tag}"):
+            continue
+        cache_dir = _fresh_cache(tag)
+        if tag == "warm":
+            warm()
+            opselect.forget()
+        row[f"auto_{tag}_choice"] = explain()
+        if checked(f"auto-{tag}", auto, ref, inputs, check, row):
+            timed[f"auto-{tag}"] = (auto, cache_dir)
+    row["ms"].update(time_in_turns(timed, time_once, rounds))
+    del src
+
+
+def enter_cache(cache_dir: str) -> None:
+    """Make cache_dir the tune cache (one _fresh_cache made) and forget the decisions taken
+    under another: auto's next call decides as that cache says."""
+    import opselect
+    from opselect.tune_cache import reset
+
+    os.environ["OPSELECT_CACHE_DIR"] = cache_dir
+    reset()
+    opselect.forget()
+
+
+def time_in_turns(timed: dict[str, tuple[Callable[[], Any], str | None]], time_once,
+                  rounds: int) -> dict[str, float]:
+    """{name: ms}: each of timed's functions timed once a round, in turns (A B C A B C ...),
+    the best of `rounds` rounds. A function paired with a cache directory runs with that tune
+    cache (enter_cache before its turn): auto cold and auto warm take turns with the rest."""
+    best: dict[str, float] = {}
+    for _ in range(max(1, rounds)):
+        for name, (fn, cache_dir) in timed.items():
+            if cache_dir is not None:
+                enter_cache(cache_dir)
+            best[name] = min(time_once(fn), best.get(name, float("inf")))
+    return best
 
 
 def _merged(path: Path, rows: list[dict], suite: Suite, bw: float) -> list[dict]:

@@ -334,3 +334,50 @@ print(json.dumps({"scales": out, "prior": b.FIT_PRIOR_ROWS, "min_s": b.FIT_MIN_S
     assert 1.0 < scales["few"] < scales["many"] < 2.0
     assert scales["many"] == pytest.approx(2.0 ** (60 / (60 + prior)))
     assert scales["host_bound"] is None  # rows under FIT_MIN_S are host-bound: not fitted
+
+
+def _harness():
+    """benchmarks/harness.py as a module."""
+    spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("harness", module)  # (its dataclasses look their module up there)
+    spec.loader.exec_module(sys.modules["harness"])
+    return sys.modules["harness"]
+
+
+def test_providers_are_timed_in_turns_each_auto_with_its_cache(tmp_path, monkeypatch):
+    """A case's providers take turns (A B C A B C, the best of the rounds), auto cold and auto
+    warm among them, each timed with its own tune cache entered; a wrong provider is recorded
+    and never timed."""
+    import torch
+
+    harness = _harness()
+    monkeypatch.setenv("OPSELECT_CACHE_DIR", str(tmp_path))
+    ref = torch.arange(4)
+    turns, clock = [], iter(range(100, 0, -1))  # each timing shorter than the one before
+
+    def time_once(fn):
+        fn()
+        turns.append((names[fn], os.environ["OPSELECT_CACHE_DIR"]))
+        return float(next(clock))
+
+    providers = {"torch": lambda: ref.clone(), "fast": lambda: ref + 0,
+                 "wrong": lambda: ref + 1}
+    auto = lambda: ref * 1  # noqa: E731
+    names = {fn: name for name, fn in providers.items()} | {auto: "auto"}
+    row = {"case": "c", "ms": {}, "errors": {}}
+    warmed = []
+    harness.measure(row, providers, auto, ref=ref, inputs=None,
+                    check=lambda got, want, _: None if torch.equal(got, want) else "differs",
+                    wanted=lambda p: p != "copy", explain=lambda: "fast",
+                    warm=lambda: warmed.append(os.environ["OPSELECT_CACHE_DIR"]),
+                    time_once=time_once, rounds=2)
+    order = [name for name, _ in turns]
+    assert order == ["torch", "fast", "auto", "auto"] * 2
+    dirs = [d for name, d in turns if name == "auto"]
+    cold, warm = dirs[0], dirs[1]
+    assert dirs == [cold, warm, cold, warm] and cold != warm and warmed == [warm]
+    assert row["ms"] == {"wrong": None, "torch": 96.0, "fast": 95.0, "auto-cold": 94.0,
+                         "auto-warm": 93.0}
+    assert row["errors"] == {"wrong": "differs"}
+    assert row["auto_cold_choice"] == row["auto_warm_choice"] == "fast"
