@@ -8,8 +8,14 @@ becomes a backend. Variants:
   out by ticket against launch order: fits/softmax.md, "online: cooperative chunk order".)
 - twopass: one program per row, a blockwise online (max, sum), then a normalising pass in reverse
   (the row's tail still in L2).
+- flat: a contiguous tensor taken as one flat array cut in chunks of CHUNK elements (CHUNK <= the
+  row's length), so every chunk starts on 16 bytes whatever the row's length (GPT-2's 50257:
+  the row-wise kernels read such rows an element at a time). A chunk holds the end of one row
+  and the start of the next at most: it publishes both parts' (max, sum), waits for each row's
+  other chunks, as the cooperative kernel does, and writes its chunk in one vector store.
 
     python benchmarks/probe_softmax_vocab.py          # on the GPU: a table, JSON under $OUT
+    python benchmarks/probe_softmax_vocab.py --smoke  # tiny rows, any device: answers checked
 """
 
 from __future__ import annotations
@@ -46,6 +52,121 @@ def _twopass(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
         tl.store(y_row + o, (tl.exp(x - m) * r).to(y_ptr.dtype.element_ty), mask=o < N)
 
 
+@triton.jit
+def _flat_stats(part_ptr, row, N, CHUNK: tl.constexpr, SPAN: tl.constexpr):
+    """A row's (max, sum) from the parts its chunks published: chunk c holds the row as its
+    first part when the row is the one c starts in, else as its second."""
+    first = (row * N) // CHUNK
+    last = ((row + 1) * N - 1) // CHUNK
+    c = first + tl.arange(0, SPAN)
+    used = c <= last
+    second = ((c * CHUNK) // N != row).to(tl.int64)
+    m = tl.load(part_ptr + 4 * c + 2 * second, mask=used, other=float("-inf"), cache_modifier=".cg")
+    s = tl.load(part_ptr + 4 * c + 2 * second + 1, mask=used, other=0.0, cache_modifier=".cg")
+    big = tl.max(m, axis=0)
+    return big, tl.sum(tl.where(s == 0.0, 0.0, s * tl.exp(m - big)), axis=0)
+
+
+@triton.jit
+def _flat_scan(x_ptr, row, N, BLOCK: tl.constexpr):
+    """A row's (max, sum) read from the row itself: the fallback of a wait that lasts too long
+    (the interpreter runs programs one at a time)."""
+    cols = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        o = start + cols
+        x = tl.load(x_ptr + row * N + o, mask=o < N, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        s = tl.where(x == float("-inf"), s, s * tl.exp(m - m_new) + tl.exp(x - m_new))
+        m = m_new
+    big = tl.max(m, axis=0)
+    return big, tl.sum(tl.where(s == 0.0, 0.0, s * tl.exp(m - big)), axis=0)
+
+
+@triton.jit
+def _flat_wait(count_ptr, row, N, CHUNK: tl.constexpr, SPIN: tl.constexpr):
+    """Whether all of the row's chunks arrived within SPIN polls."""
+    expected = ((row + 1) * N - 1) // CHUNK - (row * N) // CHUNK + 1
+    arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+    polls = tl.full([], 0, tl.int32)
+    while (arrived < expected) & (polls < SPIN):
+        arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+        polls += 1
+    return arrived >= expected
+
+
+@triton.jit
+def _flat_leave(count_ptr, rows, row, N, CHUNK: tl.constexpr):
+    """The last chunk to leave a row sets its counters back to 0 (no memset between calls)."""
+    expected = ((row + 1) * N - 1) // CHUNK - (row * N) // CHUNK + 1
+    if tl.atomic_add(count_ptr + rows + row, 1, sem="acq_rel") == expected - 1:
+        tl.atomic_xchg(count_ptr + row, 0, sem="relaxed")
+        tl.atomic_xchg(count_ptr + rows + row, 0, sem="relaxed")
+
+
+@triton.jit
+def _flat_coop(x_ptr, y_ptr, part_ptr, count_ptr, N, rows, CHUNK: tl.constexpr,
+               SPAN: tl.constexpr, SPIN: tl.constexpr, FALLBACK: tl.constexpr):
+    total = rows * N
+    start = tl.program_id(0).to(tl.int64) * CHUNK
+    offs = start + tl.arange(0, CHUNK)
+    inside = offs < total
+    x = tl.load(x_ptr + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    r0 = start // N
+    first_part = offs < (r0 + 1) * N  # the rest of the chunk is row r0 + 1's
+    straddles = (r0 + 1) * N < tl.minimum(start + CHUNK, total)
+    m0 = tl.max(tl.where(first_part, x, float("-inf")), axis=0)
+    m1 = tl.max(tl.where(first_part, float("-inf"), x), axis=0)
+    # An all -inf part (its max -inf) gets exp(x - 0) = 0; NaN stays NaN.
+    sh0 = tl.where(m0 == float("-inf"), 0.0, m0)
+    sh1 = tl.where(m1 == float("-inf"), 0.0, m1)
+    e = tl.exp(x - tl.where(first_part, sh0, sh1))
+    s0 = tl.sum(tl.where(first_part, e, 0.0), axis=0)
+    s1 = tl.sum(tl.where(first_part, 0.0, e), axis=0)
+    slot = part_ptr + 4 * tl.program_id(0).to(tl.int64) + tl.arange(0, 4)
+    k = tl.arange(0, 4)
+    tl.store(slot, tl.where(k == 0, m0, tl.where(k == 1, s0, tl.where(k == 2, m1, s1))))
+    tl.debug_barrier()  # every thread's stores precede the releases below
+    tl.atomic_add(count_ptr + r0, 1, sem="release")
+    if straddles:
+        tl.atomic_add(count_ptr + r0 + 1, 1, sem="release")
+    if _flat_wait(count_ptr, r0, N, CHUNK, SPIN):
+        big0, sum0 = _flat_stats(part_ptr, r0, N, CHUNK, SPAN)
+    else:
+        big0, sum0 = _flat_scan(x_ptr, r0, N, FALLBACK)
+    big1, sum1 = big0, sum0
+    if straddles:
+        if _flat_wait(count_ptr, r0 + 1, N, CHUNK, SPIN):
+            big1, sum1 = _flat_stats(part_ptr, r0 + 1, N, CHUNK, SPAN)
+        else:
+            big1, sum1 = _flat_scan(x_ptr, r0 + 1, N, FALLBACK)
+    scale0 = tl.exp(sh0 - big0) / sum0
+    scale1 = tl.exp(sh1 - big1) / sum1
+    y = e * tl.where(first_part, scale0, scale1)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=inside)
+    _flat_leave(count_ptr, rows, r0, N, CHUNK)
+    if straddles:
+        _flat_leave(count_ptr, rows, r0 + 1, N, CHUNK)
+
+
+def flat(x, chunk, warps, spin=20000):
+    """The flat cooperative softmax of a contiguous 2-d x over its last dim (chunk <= row)."""
+    rows, n = x.shape
+    assert chunk <= n and x.is_contiguous()
+    programs = triton.cdiv(rows * n, chunk)
+    part = torch.empty(4 * programs, device=x.device, dtype=torch.float32)
+    count = torch.zeros(2 * rows, device=x.device, dtype=torch.int32)
+    span = triton.next_power_of_2(triton.cdiv(n, chunk) + 1)
+
+    def run():
+        y = torch.empty_like(x)
+        _flat_coop[(programs,)](x, y, part, count, n, rows, CHUNK=chunk, SPAN=span, SPIN=spin,
+                                FALLBACK=1024, num_warps=warps)
+        return y
+    return run
+
+
 def coop(x, chunk, warps):
     """The library's cooperative softmax with this chunk and warps, prepared once per input."""
     from opselect.kernels.softmax import SOFTMAX_OP
@@ -66,6 +187,29 @@ SHAPES = [((4096, 128256), torch.bfloat16), ((8192, 50257), torch.float16),
           ((8, 128256), torch.bfloat16)]
 
 
+SMOKE_SHAPES = [((5, 1000), torch.float32), ((3, 777), torch.bfloat16), ((4, 301), torch.float16)]
+
+
+def smoke() -> None:
+    """Tiny rows (any device, the interpreter on a CPU): every flat variant against torch, rows
+    whose length is and is not a multiple of the chunk, with -inf, +inf and NaN in some rows."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for shape, dtype in SMOKE_SHAPES:
+        x = (torch.randn(shape) * 3).to(dtype).to(device)
+        x[0, :7] = float("-inf")
+        if shape[0] > 2:
+            x[1, 3] = float("inf")
+            x[2, 5] = float("nan")
+        ref = torch.softmax(x.float(), -1)
+        for chunk in (64, 256):
+            for spin in (0, 4):  # 0: every wait gives up, the rows are read again
+                y = flat(x, chunk, 4, spin)()
+                y = flat(x, chunk, 4, spin)()  # twice: the counters come back to zero
+                ok = torch.allclose(y.float(), ref, atol=1e-2, equal_nan=True)
+                print(f"flat {shape} {dtype} chunk {chunk} spin {spin}: "
+                      f"{'ok' if ok else 'WRONG'}", flush=True)
+
+
 def main() -> None:
     from opselect import ops
     out = os.environ.get("OUT", ".")
@@ -84,6 +228,9 @@ def main() -> None:
                 variants[f"coop {chunk}/{warps}"] = coop(x, chunk, warps)
         for block in (2048, 4096, 8192):
             variants[f"twopass {block}"] = lambda b=block: twopass(x, b, 8)
+        for chunk in (4096, 8192):
+            for warps in (4, 8):
+                variants[f"flat {chunk}/{warps}"] = flat(x, chunk, warps)
         bad = {}
         for name, fn in variants.items():
             if name == "clone":
@@ -147,7 +294,9 @@ def permute_ceiling() -> list:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--permute"]:
+    if "--smoke" in sys.argv[1:]:
+        smoke()
+    elif sys.argv[1:] == ["--permute"]:
         with open(os.path.join(os.environ.get("OUT", "."), "probe_permute_ceiling.json"), "w") as f:
             json.dump(permute_ceiling(), f, indent=1, default=str)
     else:
