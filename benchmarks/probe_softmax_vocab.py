@@ -29,6 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from opselect.kernels.softmax.common import _merge, _online_step  # noqa: E402
+
 
 @triton.jit
 def _twopass(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
@@ -54,8 +57,8 @@ def _twopass(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _flat_stats(part_ptr, row, N, CHUNK: tl.constexpr, SPAN: tl.constexpr):
-    """A row's (max, sum) from the parts its chunks published: chunk c holds the row as its
-    first part when the row is the one c starts in, else as its second."""
+    """A row's (max, sum), each of shape [1], from the parts its chunks published: chunk c holds
+    the row as its first part when the row is the one c starts in, else as its second."""
     first = (row * N) // CHUNK
     last = ((row + 1) * N - 1) // CHUNK
     c = first + tl.arange(0, SPAN)
@@ -63,8 +66,7 @@ def _flat_stats(part_ptr, row, N, CHUNK: tl.constexpr, SPAN: tl.constexpr):
     second = ((c * CHUNK) // N != row).to(tl.int64)
     m = tl.load(part_ptr + 4 * c + 2 * second, mask=used, other=float("-inf"), cache_modifier=".cg")
     s = tl.load(part_ptr + 4 * c + 2 * second + 1, mask=used, other=0.0, cache_modifier=".cg")
-    big = tl.max(m, axis=0)
-    return big, tl.sum(tl.where(s == 0.0, 0.0, s * tl.exp(m - big)), axis=0)
+    return _merge(m, s, 0)
 
 
 @triton.jit
@@ -77,11 +79,8 @@ def _flat_scan(x_ptr, row, N, BLOCK: tl.constexpr):
     for start in range(0, N, BLOCK):
         o = start + cols
         x = tl.load(x_ptr + row * N + o, mask=o < N, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        s = tl.where(x == float("-inf"), s, s * tl.exp(m - m_new) + tl.exp(x - m_new))
-        m = m_new
-    big = tl.max(m, axis=0)
-    return big, tl.sum(tl.where(s == 0.0, 0.0, s * tl.exp(m - big)), axis=0)
+        m, s = _online_step(m, s, x)
+    return _merge(m, s, 0)
 
 
 @triton.jit
