@@ -16,6 +16,8 @@ becomes a backend. Variants:
 
     python benchmarks/probe_softmax_vocab.py          # on the GPU: a table, JSON under $OUT
     python benchmarks/probe_softmax_vocab.py --smoke  # tiny rows, any device: answers checked
+    python benchmarks/probe_softmax_vocab.py --shift  # rows off the 16-byte grid: the library's
+                                                      # kernels with and without shifted vectors
 """
 
 from __future__ import annotations
@@ -268,6 +270,90 @@ def main() -> None:
         json.dump({"copy_tb_s": copy_bw, "results": results, "permute": ceiling}, f, indent=1)
 
 
+SHIFT_SHAPES = [((8192, 50257), torch.float16), ((4096, 50257), torch.bfloat16),
+                ((1205, 55691), torch.bfloat16), ((64, 50257), torch.bfloat16),
+                ((30582, 1395), torch.float32), ((4096, 1001), torch.float16),
+                ((16384, 4099), torch.bfloat16), ((65536, 37), torch.float16)]
+
+
+def bound(backend: str, x, config, vector: bool):
+    """The library's prepared call of one backend and config, its rows read through shifted
+    16-byte vectors (vector) or element by element (the kernels before the shift)."""
+    from opselect.heuristics import softmax as cost
+    from opselect.kernels import softmax as sm
+    from opselect.kernels.softmax import common, online
+    call = sm.SOFTMAX_OP.prepare(x, -1)
+    rule = cost.vector_shift
+    b = sm.SOFTMAX_OP.backend(backend)
+    try:
+        if not vector:
+            common.vector_shift = online.cost.vector_shift = lambda call: 0
+        b.__dict__.pop("_plans", None)  # (plans are memoized per call and config)
+        prepared = b.bind(call, config)
+    finally:
+        common.vector_shift = online.cost.vector_shift = rule
+        b.__dict__.pop("_plans", None)
+    return lambda: prepared(x)
+
+
+def copy_tb_s() -> float:
+    """The copy bandwidth (read + write), TB/s, of a 256 MB clone."""
+    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    return 2 * src.numel() / triton.testing.do_bench(lambda: src.clone(), rep=50) / 1e9
+
+
+def shift_ab() -> None:
+    """Rows off the 16-byte grid: each backend's configs with the shifted vector access against
+    the same kernels element by element, torch and auto cold, in turns."""
+    from opselect import ops
+    from opselect.kernels import softmax as sm
+    out = os.environ.get("OUT", ".")
+    copy_bw = copy_tb_s()
+    rows = []
+    for shape, dtype in SHIFT_SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+        ref = torch.softmax(x.float(), -1)
+        call = sm.SOFTMAX_OP.prepare(x, -1)
+        variants = {"torch": lambda: torch.softmax(x, -1), "auto": lambda: ops.softmax(x, -1)}
+        for name in ("fused", "multirow", "online"):
+            b = sm.SOFTMAX_OP.backend(name)
+            if b.supports(call) is not None:
+                continue
+            for i, cfg in enumerate(b.configs(call)[:3]):
+                for vector in (True, False):
+                    variants[f"{name}#{i} {'vec' if vector else 'elem'}"] = bound(
+                        name, x, cfg, vector)
+        bad = {}
+        for name, f in variants.items():
+            f()
+            err = (f().float() - ref).abs().max().item()
+            if not err < 2e-2:
+                bad[name] = err
+        times = {name: [] for name in variants}
+        for _ in range(3):
+            for name, f in variants.items():
+                times[name].append(triton.testing.do_bench(f, warmup=5, rep=25))
+        med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+        traffic = x.numel() * x.element_size() * 2
+        pct = {n: 100 * traffic / (t * 1e-6) / (copy_bw * 1e12) for n, t in med.items()}
+        best_vec = min((n for n in med if n.endswith("vec") and n not in bad), key=med.get,
+                       default=None)
+        best_elem = min((n for n in med if n.endswith("elem") and n not in bad), key=med.get,
+                        default=None)
+        rows.append({"shape": list(shape), "dtype": str(dtype), "us": med, "pct_copy": pct,
+                     "bad": bad, "spread": {n: (max(t) - min(t)) / statistics.median(t)
+                                            for n, t in times.items()}})
+        print(f"{shape} {str(dtype)[6:]}: torch {med['torch']:.1f} ({pct['torch']:.0f}%), auto "
+              f"{med['auto']:.1f} ({pct['auto']:.0f}%), best vec {best_vec} {med.get(best_vec, 0):.1f}"
+              f" ({pct.get(best_vec, 0):.0f}%), best elem {best_elem} {med.get(best_elem, 0):.1f}"
+              f" ({pct.get(best_elem, 0):.0f}%), bad {bad}", flush=True)
+        for n in sorted(med, key=med.get):
+            print(f"    {n:22s} {med[n]:9.1f} us {pct[n]:5.0f}%")
+        torch.cuda.empty_cache()
+    with open(os.path.join(out, "probe_softmax_shift.json"), "w") as f:
+        json.dump({"copy_tb_s": copy_bw, "results": rows}, f, indent=1)
+
+
 def permute_ceiling() -> list:
     """The copy of the same bytes as the issue's permute cases (a ceiling at that size)."""
     from opselect import ops
@@ -295,6 +381,8 @@ def permute_ceiling() -> list:
 if __name__ == "__main__":
     if "--smoke" in sys.argv[1:]:
         smoke()
+    elif sys.argv[1:] == ["--shift"]:
+        shift_ab()
     elif sys.argv[1:] == ["--permute"]:
         with open(os.path.join(os.environ.get("OUT", "."), "probe_permute_ceiling.json"), "w") as f:
             json.dump(permute_ceiling(), f, indent=1, default=str)

@@ -241,6 +241,63 @@ def test_cooperative_config_outside_its_limits(cpu_triton, monkeypatch):
                                               or grids["_split_stats_kernel"])
 
 
+def _vector_of(backend, call, config) -> int:
+    """The shifted access's elements per vector in the plan a backend runs a call under."""
+    plan = sm.OP.backend(backend).forward_plan(call, config, call.info.sm_count)
+    return getattr(plan, "forward", plan).vector
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_rows_off_the_vector_grid(cpu_triton, log):
+    """Packed rows whose length is no multiple of a 16-byte vector start off the grid; the
+    multirow and cooperative kernels read them from their first whole vector on, with the head before it
+    and the tail after the last whole vector written element-wise. Heads and tails of every size
+    (row lengths around two vectors, the shortest taken), with -inf, +inf and NaN in them, and
+    rows wholly in the head and tail's reach: an element written twice or not at all (poisoned
+    outputs) fails."""
+    torch.manual_seed(11)
+    cases = [("multirow", torch.float16, 17, None), ("multirow", torch.float16, 16 + 3, None),
+             ("multirow", torch.bfloat16, 251, None), ("multirow", torch.float32, 9, None),
+             ("multirow", torch.float64, 5, None), ("multirow", torch.float16, 201, torch.float32),
+             ("multirow", torch.float32, 201, torch.float16),
+             ("multirow", torch.float16, 37, None), ("multirow", torch.float32, 11, None),
+             # (the interpreter's last program of a row merges the others' statistics: its
+             # chunk holds elements whatever the head's size, so part 0's head counts)
+             ("online", torch.bfloat16, 2069, {"chunk": 512, "num_warps": 4}),
+             ("online", torch.float32, 1035, {"chunk": 256, "num_warps": 4})]
+    for backend, dtype, n, extra in cases:
+        out_dtype = extra if isinstance(extra, torch.dtype) else None
+        x = (torch.randn(9, n) * 4).to(dtype)
+        x[0, :3] = float("-inf")  # in the head of some rows
+        x[1, -2:] = float("inf")  # the tail
+        x[2, 0] = float("nan")
+        x[3] = float("-inf")  # a row of -inf: NaN, as torch
+        x[4, n // 2:] = float("-inf")
+        op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+        call = op.prepare(x, -1, dtype=out_dtype)
+        config = extra if isinstance(extra, dict) else op.backend(backend).configs(call)[0]
+        assert _vector_of(backend, call, config) == 16 // min(
+            dtype.itemsize, (out_dtype or dtype).itemsize), (backend, dtype, n)
+        got = run_config(x, -1, log, backend, config, dtype=out_dtype)
+        assert_matches(got, x, -1, log, dtype=out_dtype, backend=f"{backend} {dtype} n={n}")
+        # the same rows starting one element past the grid (the tensor's own address)
+        shifted = torch.cat([x.reshape(-1)[:1], x.reshape(-1)])[1:].view(9, n)
+        assert_matches(run_config(shifted, -1, log, backend, config, dtype=out_dtype), x, -1,
+                       log, dtype=out_dtype, backend=f"{backend} {dtype} n={n} offset 1")
+    # Aligned, short (fewer than two vectors) and strided rows keep element-wise access; so do
+    # fused's rows (one a program: as fast element by element on the H200, or faster).
+    for shape, dtype in (((4, 64), torch.float16), ((4, 15), torch.float16), ((4, 7), torch.float32)):
+        call = sm.prepare_softmax(torch.randn(shape).to(dtype), -1)
+        assert _vector_of("multirow", call, sm.OP.backend("multirow").configs(call)[0]) == 0
+    strided = torch.randn(4, 2 * 201)[:, :201]
+    call = sm.prepare_softmax(strided, -1)
+    assert call.fast
+    assert _vector_of("multirow", call, sm.OP.backend("multirow").configs(call)[0]) == 0
+    assert_matches(ops.softmax(strided, -1, backend="multirow"), strided, -1, False)
+    call = sm.prepare_softmax(torch.randn(4, 1001).half(), -1)
+    assert _vector_of("fused", call, sm.OP.backend("fused").configs(call)[0]) == 0
+
+
 @pytest.mark.parametrize("config", [
     {"inner_block": 4, "tile": 32, "warp_scale": 1},   # the dim in chunks of 2: two passes
     {"inner_block": 2, "tile": 1024, "warp_scale": 2},  # narrow column blocks, whole dim at once
@@ -724,6 +781,8 @@ GPU_CASES = [
     ("multirow", (65536, 64), -1), ("multirow", (10000, 7), -1), ("multirow", (4096, 256), -1),
     ("online", (64, 131072), -1), ("online", (4, 1 << 20), -1), ("online", (300, 50257), -1),
     ("strided", (64, 512, 512), 1), ("strided", (512, 64, 512), 0), ("strided", (8, 4096, 48), 1),
+    # rows off the 16-byte grid (the shifted vector access)
+    ("multirow", (4000, 37), -1), ("multirow", (3000, 201), -1), ("online", (96, 100003), -1),
 ]
 
 

@@ -107,10 +107,21 @@ EDGES = {
                              (1, 1, 1), (1, 5000, 64))],
     "softmax": [([[r, n]], torch.float32, {}) for r, n in ((1, 1), (3, 1), (1, 7), (5, 3000))]
                + [([[2, 3, 4]], torch.float32, {"dim": 1}),
-                  ([[4, 100]], torch.bfloat16, {"out_dtype": "float64"})],
+                  ([[4, 100]], torch.bfloat16, {"out_dtype": "float64"}),
+                  # rows off the 16-byte grid: cooperative and multirow (shifted vectors),
+                  # fused (element by element)
+                  ([[4, 50257]], torch.bfloat16, {}), ([[6, 1001]], torch.float16, {}),
+                  ([[64, 37]], torch.float16, {})],
     "permute": [([[1, 3]], torch.float32, {"dims": [1, 0]}), ([[2, 1, 3]], torch.float32,
                                                                 {"dims": [2, 1, 0]})],
 }
+
+
+def _width(access: str) -> int:
+    """Bits one global access moves (ld.global.v4.b32: 128), for the widest one a kernel has."""
+    lanes = re.search(r"\.v(\d)", access)
+    bits = re.search(r"\.[bfsu](\d+)\b", access)
+    return (int(lanes.group(1)) if lanes else 1) * (int(bits.group(1)) if bits else 0)
 
 
 def _install() -> None:
@@ -124,7 +135,7 @@ def _install() -> None:
     def compile_only(self, *args, grid, warmup, **kwargs):
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         ptx = kernel.asm["ptx"]
-        widest = lambda kind: max(re.findall(rf"{kind}\.global[\.\w]*", ptx), key=len, default="-")  # noqa: E731
+        widest = lambda kind: max(re.findall(rf"{kind}\.global[\.\w]*", ptx), key=_width, default="-")  # noqa: E731
         consts = dict(kwargs)  # the constexprs (named as their plan fields) and the launch options
         COMPILED.append(f"{self.__name__:<28} {_ptxas_report(ptx)} smem={kernel.metadata.shared:6d} "
                         f"{widest('ld'):<18} {widest('st'):<18} {consts}")

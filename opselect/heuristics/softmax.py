@@ -154,6 +154,24 @@ def _aligned(call) -> bool:
     return (step * call.in_bytes) % 16 == 0
 
 
+def vector_shift(call) -> int:
+    """The rule of the multirow and cooperative kernels' shifted access (kernels/softmax/common.py,
+    _shifted_rows): where packed rows (the layout those kernels read: the row stride is the row's
+    length) start off the 16-byte grid and hold at least two 16-byte vectors, the elements in one
+    vector of the narrower of input and output; 0 where rows are aligned, short or strided."""
+    if call.inner != 1 or _aligned(call):
+        return 0
+    if call.fast and call.so != call.n and call.outer > 1:
+        return 0  # rows read in place through a stride of their own
+    per_vector = 16 // min(call.in_bytes, call.out_dtype.itemsize)
+    return per_vector if call.n >= 2 * per_vector else 0
+
+
+def _vectors(call) -> bool:
+    """Whether the multirow and cooperative kernels move this call's rows in 16-byte vectors."""
+    return _aligned(call) or vector_shift(call) > 0
+
+
 def _resident(model, warps: int, elements: int, f64: bool) -> int:
     per_thread = elements / (warps * 32) * (2 if f64 else 1)
     regs = min(255, 8 * math.ceil((24 + 1.25 * per_thread) / 8))
@@ -422,7 +440,7 @@ def multirow(call, model):
     tiles = math.ceil(call.outer / block_r)
     resident = _resident(model, 4, block_r * bn, call.f64)
     eff = TRITON_EFF * _busy(model, min(tiles, resident))
-    eff *= 1.0 if _aligned(call) else UNALIGNED_EFF
+    eff *= 1.0 if _vectors(call) else UNALIGNED_EFF
     memory = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
     latency = math.ceil(tiles / resident) * MULTIROW_TILE_S
     return _triton_estimate(call, model, "multirow", host,
@@ -447,7 +465,7 @@ def online(call, model, *, split: int, cooperative: bool = False,
             return model.estimate(op, "online", triton=True, launch=host)
         parts = _prepass(call, model)
         programs = call.outer * split
-        eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
+        eff = TRITON_EFF * _busy(model, programs) * (1.0 if _vectors(call) else UNALIGNED_EFF)
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
         parts["sync"] = (COOP_WAIT_S * chunk / COOP_WAIT_CHUNK
                          * math.ceil(programs / (2 * model.sm_count)))

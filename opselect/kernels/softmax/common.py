@@ -13,6 +13,7 @@ import triton.language as tl
 
 from .._jit import ROUND_BF16_BY_HAND, bf16_nearest_even
 from .._common import Launcher, allocator, cdiv, check_config, needs_int64, next_pow2, plan_launcher  # noqa: F401 (the backends import the last two from here)
+from ...heuristics.softmax import vector_shift
 from .call import SoftmaxCall
 
 
@@ -113,16 +114,71 @@ def _row_and_part(index, split, offsets_64bit: tl.constexpr):
 # Kernels: forward
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _vector_window(start, N, vector: tl.constexpr):
+    """A row of N elements at `start` (of x and y alike), cut where 16-byte vectors (of `vector`
+    elements) cut it: its first whole vector `lo`, the end of the vector holding its last element
+    `hi` (loads up to there touch only vectors that hold some of the row, so never a page past the
+    tensor), and the end `cut` of its last whole vector (vector stores stop there). Known to the
+    compiler as multiples of vector."""
+    end = start + N
+    lo = (start + (vector - 1)) // vector * vector
+    hi = (end + (vector - 1)) // vector * vector
+    cut = end // vector * vector
+    return lo, end, hi, cut
+
+
+@triton.jit
+def _shifted_rows(x_ptr, y_ptr, start, live, N, cols, log: tl.constexpr, f64: tl.constexpr,
+                  vector: tl.constexpr):
+    """softmax of whole rows starting off the 16-byte grid (start: the rows' first elements,
+    live: which rows exist), with 16-byte vectors: the row from its first whole vector on is
+    one window of row_block columns, loaded a vector at a time (elements past the row masked
+    afterwards) and stored a vector at a time up to its last whole vector; the fewer than
+    `vector` elements before the first (the head) and after the last (the tail) go through short
+    element-wise accesses. The row needs N >= 2 vector (head, window and tail do not overlap)."""
+    lo, end, hi, cut = _vector_window(start, N, vector)
+    o = lo[:, None] + cols[None, :]
+    live = live[:, None]
+    x = _acc(tl.load(x_ptr + o, mask=live & (o < hi[:, None]), other=float("-inf")), f64)
+    x = tl.where(o < end[:, None], x, float("-inf"))
+    j = tl.arange(0, vector)[None, :]
+    head = start[:, None] + j
+    in_head = live & (head < lo[:, None])
+    h = _acc(tl.load(x_ptr + head, mask=in_head, other=float("-inf")), f64)
+    big = tl.maximum(tl.max(x, axis=1, keep_dims=True), tl.max(h, axis=1, keep_dims=True))
+    z = x - big
+    e = tl.exp(z)
+    total = tl.sum(e, axis=1, keep_dims=True) + tl.sum(tl.exp(h - big), axis=1, keep_dims=True)
+    if log:
+        out = z - tl.log(total)
+    else:
+        out = e * (1.0 / total)
+    tl.store(y_ptr + o, _cast_for(out, y_ptr), mask=live & (o < cut[:, None]))
+    tl.store(y_ptr + head, _cast_for(_finish(h, big, total, log), y_ptr), mask=in_head)
+    # The tail is in the window's registers, but past its last vector store: read again (from
+    # L1/L2) and written element-wise.
+    tail = cut[:, None] + j
+    in_tail = live & (tail < end[:, None])
+    t = _acc(tl.load(x_ptr + tail, mask=in_tail, other=0.0), f64)
+    tl.store(y_ptr + tail, _cast_for(_finish(t, big, total, log), y_ptr), mask=in_tail)
+
+
+@triton.jit
 def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
                      align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
                      rows_per_tile: tl.constexpr, row_block: tl.constexpr, even_row: tl.constexpr,
-                     pipeline_stages: tl.constexpr, offsets_64bit: tl.constexpr):
+                     pipeline_stages: tl.constexpr, offsets_64bit: tl.constexpr,
+                     vector: tl.constexpr):
     """fused (rows_per_tile = 1) and multirow: whole rows in registers, one read and one write.
 
     N and the row strides arrive divided by align, their common power-of-two factor (<= 16), and are
     multiplied back here: the compiler then knows every row starts align-aligned and that the column
     mask is constant over align-wide groups, so it emits 16-byte vector accesses even when N is not
-    a multiple of 16 (Triton only assumes divisibility by 16 of integer arguments)."""
+    a multiple of 16 (Triton only assumes divisibility by 16 of integer arguments).
+
+    vector > 0 (multirow's tiles): packed rows whose starts are off the 16-byte grid (x and y
+    share the row stride), read and written through 16-byte vectors all the same
+    (_shifted_rows)."""
     N = n_q * align
     pid = tl.program_id(0)
     cols = tl.arange(0, row_block)
@@ -133,22 +189,25 @@ def _rows_fwd_kernel(x_ptr, y_ptr, R, n_q, sx_q, sy_q, tiles_per_program,
         if offsets_64bit:
             tile = tile.to(tl.int64)
         rows = tile * rows_per_tile + tl.arange(0, rows_per_tile)
-        mask = rows[:, None] < R
-        if not even_row:
-            mask = mask & (cols[None, :] < N)
-        x = tl.load(x_ptr + (rows * sx_q * align)[:, None] + cols[None, :], mask=mask,
-                    other=float("-inf"))
-        x = _acc(x, f64)
-        big = tl.max(x, axis=1, keep_dims=True)
-        z = x - big
-        e = tl.exp(z)
-        total = tl.sum(e, axis=1, keep_dims=True)
-        if log:
-            out = z - tl.log(total)
+        if vector > 0:
+            _shifted_rows(x_ptr, y_ptr, rows * sx_q * align, rows < R, N, cols, log, f64, vector)
         else:
-            out = e * (1.0 / total)
-        tl.store(y_ptr + (rows * sy_q * align)[:, None] + cols[None, :],
-                 _cast_for(out, y_ptr), mask=mask)
+            mask = rows[:, None] < R
+            if not even_row:
+                mask = mask & (cols[None, :] < N)
+            x = tl.load(x_ptr + (rows * sx_q * align)[:, None] + cols[None, :], mask=mask,
+                        other=float("-inf"))
+            x = _acc(x, f64)
+            big = tl.max(x, axis=1, keep_dims=True)
+            z = x - big
+            e = tl.exp(z)
+            total = tl.sum(e, axis=1, keep_dims=True)
+            if log:
+                out = z - tl.log(total)
+            else:
+                out = e * (1.0 / total)
+            tl.store(y_ptr + (rows * sy_q * align)[:, None] + cols[None, :],
+                     _cast_for(out, y_ptr), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +236,7 @@ class RowsPlan:
     pipeline_stages: int  # software pipelining of a program's tiles
     offsets_64bit: bool  # offsets past 2**31 elements
     num_warps: int
+    vector: int = 0  # elements per 16-byte vector of rows off the grid (heuristics' vector_shift)
 
     @property
     def even_row(self) -> bool:
@@ -192,9 +252,9 @@ class RowsPlan:
 
 @functools.lru_cache(maxsize=4096)
 def rows_plan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block,
-              pipeline_stages, offsets_64bit, num_warps) -> RowsPlan:
+              pipeline_stages, offsets_64bit, num_warps, vector=0) -> RowsPlan:
     return RowsPlan(in_dtype, out_dtype, ints, align, log, f64, rows_per_tile, row_block,
-                    pipeline_stages, offsets_64bit, num_warps)
+                    pipeline_stages, offsets_64bit, num_warps, vector)
 
 
 _ROWS_FWD = plan_launcher(_rows_fwd_kernel)
@@ -290,8 +350,12 @@ def rows_fwd_plan(call: SoftmaxCall, block_r: int, warps: int, stages: int, sms:
     ints = (rows, n // a, sx // a, n // a, per)
     stages = stages if per > 1 else 1
     i64 = needs_int64(call.numel + block_r * bn, rows * sx + n)
+    # Shifted vectors for tiles of rows only: one row a program (fused) ran as fast element by
+    # element on the H200 (1001 fp16, 1395 fp32) or faster (16384 x 4099 bf16: 166 us against
+    # 243 shifted; fits/softmax.md, "Rows off the 16-byte grid").
+    vector = vector_shift(call) if block_r > 1 else 0
     return rows_plan(_read_dtype(call), call.out_dtype, ints, a, call.log, call.f64, block_r, bn,
-                     stages, i64, warps)
+                     stages, i64, warps, vector)
 
 
 def _rows_fwd(plan: RowsPlan, call: SoftmaxCall):

@@ -16,7 +16,8 @@ from .._common import allocator, cdiv, needs_int64, next_pow2, per_stream
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
-                     _read_dtype, _reader, _row_and_part, _rows_reason, plan_launcher)
+                     _read_dtype, _reader, _row_and_part, _rows_reason, _vector_window,
+                     plan_launcher)
 
 
 # online takes rows longer than this (shorter ones are the fused and multirow backends' job).
@@ -105,7 +106,8 @@ def _split_norm_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_q, sx_q, sy_q, chunk, split
 def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, rows,
                      align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
                      chunk: tl.constexpr, split_padded: tl.constexpr, spin_limit: tl.constexpr,
-                     fallback_block: tl.constexpr, offsets_64bit: tl.constexpr):
+                     fallback_block: tl.constexpr, offsets_64bit: tl.constexpr,
+                     vector: tl.constexpr):
     """online, cooperative: `split` programs share a row, each holding one chunk of it, and its
     exp(x - chunk max), in registers. Each publishes its chunk's (max, sum), waits for the row's
     other chunks, merges and rescales its registers: one read, one write and one exp an element,
@@ -119,20 +121,37 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, 
 
     count_ptr holds each row's arrivals, then its departures; the last program to leave a row
     sets both back to 0, so the counters are zero at every launch with no memset (they belong
-    to one stream: launches on it never overlap)."""
+    to one stream: launches on it never overlap).
+
+    vector > 0: packed rows off the 16-byte grid, in 16-byte vectors (common._shifted_rows): the
+    chunks cut the row from its first whole vector on; the row's first program also takes the
+    head before it and writes the tail past the last whole vector."""
     N = n_q * align
     row, part = _row_and_part(tl.program_id(0), split, offsets_64bit)
     x_row = x_ptr + row * sx_q * align
     y_row = y_ptr + row * sy_q * align
-    offs = part * chunk + tl.arange(0, chunk)
-    mask = offs < N
-    x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), f64)
-    big = tl.max(x, axis=0)
+    if vector > 0:
+        start = row * sx_q * align
+        lo, end, hi, cut = _vector_window(start, N, vector)
+        offs = lo + part * chunk + tl.arange(0, chunk)
+        x = _acc(tl.load(x_ptr + offs, mask=offs < hi, other=float("-inf")), f64)
+        x = tl.where(offs < end, x, float("-inf"))
+        head = start + tl.arange(0, vector)
+        in_head = head < tl.where(part == 0, lo, start)  # (the row's first program only)
+        h = _acc(tl.load(x_ptr + head, mask=in_head, other=float("-inf")), f64)
+        big = tl.maximum(tl.max(x, axis=0), tl.max(h, axis=0))
+    else:
+        offs = part * chunk + tl.arange(0, chunk)
+        mask = offs < N
+        x = _acc(tl.load(x_row + offs, mask=mask, other=float("-inf")), f64)
+        big = tl.max(x, axis=0)
     # An all -inf chunk (big = -inf) gets exp(x - 0) = 0 everywhere; NaN stays NaN.
     shift = tl.where(big == float("-inf"), 0.0, big)
     z = x - shift
     e = tl.exp(z)
     total = tl.sum(e, axis=0)
+    if vector > 0:
+        total += tl.sum(tl.exp(h - shift), axis=0)
     one = tl.arange(0, 1)
     slot = row * split + part
     tl.store(part_ptr + slot + one, big + tl.zeros([1], big.dtype))
@@ -168,7 +187,15 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, 
         # exp(x - row max) / sum = e * exp(chunk max - row max) / sum: no second exp an element.
         # A row of -inf gives NaN (row max -inf, sum 0), as torch.
         out = e * (tl.exp(shift - row_max) / row_sum)
-    tl.store(y_row + offs, _cast_for(out, y_ptr), mask=mask)
+    if vector > 0:
+        tl.store(y_ptr + offs, _cast_for(out, y_ptr), mask=offs < cut)
+        tl.store(y_ptr + head, _cast_for(_finish(h, row_max, row_sum, log), y_ptr), mask=in_head)
+        tail = cut + tl.arange(0, vector)
+        in_tail = tail < tl.where(part == 0, end, cut)
+        t = _acc(tl.load(x_ptr + tail, mask=in_tail, other=0.0), f64)
+        tl.store(y_ptr + tail, _cast_for(_finish(t, row_max, row_sum, log), y_ptr), mask=in_tail)
+    else:
+        tl.store(y_row + offs, _cast_for(out, y_ptr), mask=mask)
     departures = count_ptr + rows + row
     if tl.atomic_add(departures, 1, sem="acq_rel") == split - 1:
         tl.atomic_xchg(arrivals, 0, sem="relaxed")
@@ -213,6 +240,7 @@ class CoopPlan:
     fallback_block: int  # block of the recomputation when it gives up
     offsets_64bit: bool
     num_warps: int
+    vector: int = 0  # elements per 16-byte vector of rows off the grid (heuristics' vector_shift)
 
     @property
     def split_padded(self) -> int:
@@ -277,7 +305,8 @@ def coop_fwd_plan(call: SoftmaxCall, chunk: int, warps: int, sms: int) -> Online
     fallback = min(chunk, 64 * 32 * warps // 16)
     i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
     return OnlinePlan(coop_plan(_read_dtype(call), call.out_dtype, ints, a, call.log, call.f64,
-                                chunk, spin, fallback, i64, warps), None, split)
+                                chunk, spin, fallback, i64, warps, cost.vector_shift(call)),
+                      None, split)
 
 
 def online_fwd_plan(call: SoftmaxCall, block: int, warps: int, split: int) -> OnlinePlan:
