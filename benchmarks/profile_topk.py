@@ -26,7 +26,10 @@ CASES = [((100_000,), 64, torch.float32), ((1_000_000,), 64, torch.float32),
          ((16_000_000,), 1024, torch.bfloat16), ((16_000_000,), 64, torch.float64),
          ((64, 128_000), 50, torch.float32), ((16, 1_000_000), 2048, torch.float32),
          ((4096, 32_000), 50, torch.bfloat16), ((256, 50_000), 1, torch.float32),
-         ((1024, 4096), 32, torch.float16)]
+         ((1024, 4096), 32, torch.float16),
+         # GPT-2's vocabulary: rows off the 16-byte grid
+         ((1024, 50257), 1, torch.float16), ((1024, 50257), 50, torch.float16),
+         ((256, 50257), 40, torch.bfloat16)]
 BACKENDS = ("torch", "radix", "tournament", "maxima")
 
 
