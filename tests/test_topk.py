@@ -662,8 +662,9 @@ def test_maxima_plans_stay_in_bounds():
             assert p.supergroups <= p.supergroups_padded <= K_maxima.MAXIMA_S_MAX
             assert p.chunk % p.tile == 0 and p.tile % p.group == 0
             assert (p.supergroup <= p.tile and p.tile % p.supergroup == 0) or (p.supergroup > p.tile and p.supergroup == p.chunk)
-            assert (p.programs_per_row - 1) * p.chunk < N <= p.programs_per_row * p.chunk
-            assert p.groups * p.group >= N
+            reach = N + max(p.vector - 1, 0)  # (rows off the 16-byte grid: from their vector)
+            assert (p.programs_per_row - 1) * p.chunk < reach <= p.programs_per_row * p.chunk
+            assert p.groups * p.group >= reach
             assert p.group_row_stride == p.programs_per_row * p.chunk // p.group
             assert p.supergroup_row_stride * p.supergroup == p.programs_per_row * p.chunk
             assert p.programs_per_row <= 65535
@@ -674,6 +675,43 @@ def test_maxima_plans_stay_in_bounds():
             assert p.survivor_capacity >= k and p.tie_capacity >= k
     assert K_maxima.maxima_plan(1, 16_000_000, 1024, torch.float32, True, 132, {}).reason is None
     assert K_maxima.maxima_plan(1, 3000, 2900, torch.float32, True, 132, {}).reason
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int64],
+                         ids=lambda d: str(d)[6:])
+def test_maxima_rows_off_the_vector_grid(cpu_triton, dtype):
+    """Rows whose length is no multiple of 16 bytes start anywhere in a vector; maxima reads
+    each from its first element's vector on (groups counted from there). Each row's neighbours
+    hold the extremes right before and after it, in the part of a vector the row shares with
+    them: read into the row's maxima or gathered, they would come out as its winners (values
+    that are not in the row, or indices outside it). The row's own extremes sit in its first and
+    last elements."""
+    forget_plans()
+    for n, k in ((301, 3), (1001, 7), (257, 1)):
+        rows = 6
+        x = random_input((rows, n), dtype, seed=n)
+        big = torch.tensor(float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max,
+                           dtype=dtype)
+        low = -big if dtype.is_floating_point else torch.iinfo(dtype).min
+        # Both extremes in every row's first and last groups (so those are hot either way),
+        # next to the neighbours' own
+        x[:, :3], x[:, 3] = big, low
+        x[:, -2], x[:, -1] = low, big
+        x[2, 1] = float("nan") if dtype.is_floating_point else 5
+        for config in configs_of("maxima", x, k):
+            call = K.prepare(x, k)
+            vector = K.OP.backend("maxima").plan(call, config).vector
+            assert vector == 16 // dtype.itemsize or config.get("group", 8) % (
+                16 // dtype.itemsize), (n, dtype, config)
+            for largest in (True, False):
+                run_forced("maxima", x, k, config, largest=largest)
+        # a row of its own (no neighbours), and rows a stride apart that is on the grid while
+        # their length is not
+        run_forced("maxima", x[:1], k, configs_of("maxima", x[:1], k)[0])
+        wide = torch.zeros(rows, n + 16 - n % 16, dtype=dtype)
+        wide[:, :n] = x
+        run_forced("maxima", wide[:, :n], k, configs_of("maxima", wide[:, :n], k)[0],
+                   largest=False)
 
 
 def RHO_MIN_OK(plan, k: int) -> bool:  # noqa: N802 - reads as the rule it checks
@@ -1155,6 +1193,26 @@ def test_gpu_maxima_paths(cuda):
     # Few distinct values: the k-th value is the cut, the winners come from its ties.
     check(torch.randint(0, 3, (2, 2_000_000), device=cuda).half(), 1000, backend="maxima")
     check(torch.full((3, 1_000_000), 7.0, device=cuda), 1000, backend="maxima")
+
+
+@pytest.mark.gpu
+def test_gpu_maxima_rows_off_the_vector_grid(cuda):
+    """Rows read from their first element's vector on, at real sizes (GPT-2's vocabulary in
+    16-bit floats, odd lengths in float32 and int64), every config, both directions; each
+    row's first and last elements hold both extremes, next to its neighbours' own."""
+    backend = K.OP.backend("maxima")
+    for shape, k, dtype in (((1024, 50257), 1, torch.float16), ((1024, 50257), 50, torch.float16),
+                            ((256, 50257), 40, torch.bfloat16), ((300, 5001), 8, torch.float32),
+                            ((64, 100003), 100, torch.int64)):
+        x = random_input(shape, dtype, seed=shape[1] + k).to(cuda)
+        big = float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
+        low = -big if dtype.is_floating_point else torch.iinfo(dtype).min
+        x[:, :3], x[:, 3], x[:, -2], x[:, -1] = big, low, low, big
+        call = K.prepare(x, k)
+        assert backend.plan(call, backend.configs(call)[0]).vector == 16 // dtype.itemsize
+        for cfg in backend.configs(call):
+            run_forced("maxima", x, k, cfg)
+            run_forced("maxima", x, k, cfg, largest=False, sorted=False)
 
 
 @pytest.mark.gpu

@@ -17,9 +17,9 @@ from ...switches import enabled
 from .._common import allocator, cdiv, next_pow2
 from .call import TopkCall, _output_maker, _output_finisher, _reader
 from .common import (COOP_ALLOWED, COUNTERS, MAX_ROW, SPIN_LIMIT, _PlannedBackend, _cut, _key64,
-                     _key_limits, _order_key, _row_buffers, _row_stride, _select,
-                     _tile_group_max_keys, _typed, _write_out, check_config,
-                     float_maxima_allowed, plan_launcher)
+                     _key_limits, _masked_group_max_keys, _order_key, _row_buffers,
+                     _row_stride, _select, _tile_group_max_keys, _typed, _write_out,
+                     check_config, float_maxima_allowed, plan_launcher)
 
 
 # maxima's second launch is a programmatic dependent launch on Hopper and later (sm_90+): it is
@@ -31,13 +31,25 @@ PDL_ALLOWED = enabled("OPSELECT_TOPK_PDL")
 # ---------------------------------------------------------------------------------------------
 # Kernels: maxima (one cut for the whole row, from supergroup maxima)
 # ---------------------------------------------------------------------------------------------
+@triton.jit
+def _vector_origin(row_off, vector: tl.constexpr):
+    """Where a row's groups start (its first element's vector, a multiple of `vector` the
+    compiler knows), and its first element's place from there; the row itself where vector is
+    0 (rows on the grid)."""
+    if vector > 0:
+        origin = row_off // vector * vector
+    else:
+        origin = row_off
+    return origin, row_off - origin
+
+
 @triton.jit(do_not_specialize=["flip", "off_smax", "off_gmax", "group_row_stride",
                                "supergroup_row_stride"])
 def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, group_row_stride,
                         supergroup_row_stride, chunk, flip, group: tl.constexpr,
                         tile: tl.constexpr, supergroup: tl.constexpr, evict: tl.constexpr,
                         is_float: tl.constexpr, key64: tl.constexpr, pdl: tl.constexpr,
-                        float_maxima: tl.constexpr):
+                        float_maxima: tl.constexpr, vector: tl.constexpr):
     """Launch 1 of maxima: program p of row r streams the chunk [p * chunk, (p + 1) * chunk)
     once and writes the maximum key of each group (`group` elements) and of each supergroup
     (`supergroup` elements), the next tile loading while the current one is reduced. No search
@@ -50,14 +62,20 @@ def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, group_
     benchmarks/results/h200/fits/topk.md#maxima).
 
     pdl: launch 2 may be scheduled once every program here has started (it waits for this
-    launch to finish before it reads anything)."""
+    launch to finish before it reads anything).
+
+    vector > 0: rows off the 16-byte grid (GPT-2's 50257 in 16-bit floats), read in vectors of
+    `vector` elements: the row's groups and chunks count from the vector its first element is in
+    (_vector_origin), the elements of the neighbouring rows in the first and last vector masked
+    out of the maxima."""
     if pdl:
         gdc_launch_dependents()
     r = tl.program_id(0)
     p = tl.program_id(1)
     r64 = r.to(tl.int64)
     start = p.to(tl.int64) * chunk
-    n_here = tl.minimum(N - start, chunk).to(tl.int32)
+    origin, lead = _vector_origin(r64 * row_stride, vector)
+    n_here = tl.minimum(N + lead - start, chunk).to(tl.int32)
     lowest, highest = _key_limits(key64)
     if p == 0:
         tl.store(ws_ptr + COUNTERS * r64 + tl.arange(0, COUNTERS),
@@ -66,19 +84,31 @@ def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, group_
     group_ids = tl.arange(0, GT)
     cols = tl.arange(0, group)
     lane = group_ids[:, None] * group + cols[None, :]
-    chunk_ptr = x_ptr + r64 * row_stride + start
+    chunk_ptr = x_ptr + origin + start
     gmax = _typed(ws_ptr, off_gmax, True, key64) + r64 * group_row_stride + start // group
     smax = _typed(ws_ptr, off_smax, True, key64) + r64 * supergroup_row_stride + start // supergroup
     ntiles = tl.cdiv(n_here, tile)
+    if vector > 0:
+        # Loads up to the end of the vector holding the row's last element (a bound the
+        # compiler knows as a multiple of `vector`: whole-vector masks)
+        n_load = (n_here + (vector - 1)) // vector * vector
+    else:
+        n_load = n_here
     acc = tl.full([], lowest, gmax.dtype.element_ty)
-    x = tl.load(chunk_ptr + lane, mask=lane < n_here, other=0, eviction_policy=evict)
+    x = tl.load(chunk_ptr + lane, mask=lane < n_load, other=0, eviction_policy=evict)
     for t in range(ntiles):
         base = t * tile
-        ahead = tl.where(t + 1 < ntiles, n_here - base - tile, 0)
+        ahead = tl.where(t + 1 < ntiles, n_load - base - tile, 0)
         x_next = tl.load(chunk_ptr + base + tile + lane, mask=lane < ahead, other=0,
                          eviction_policy=evict)
-        gm = _tile_group_max_keys(x, lane, n_here - base, tile, float_maxima, is_float, flip,
-                                  key64)
+        if vector > 0 and not float_maxima:
+            # (the previous row's elements before `lead`, the next row's past N + lead; rows
+            # on the grid, float_maxima's, have none before)
+            inside = (lane < n_here - base) & (lane >= lead - start - base)
+            gm = _masked_group_max_keys(x, inside, is_float, flip, key64)
+        else:
+            gm = _tile_group_max_keys(x, lane, n_here - base, tile, float_maxima, is_float,
+                                      flip, key64)
         tl.store(gmax + t * GT + group_ids, gm)
         if supergroup <= tile:
             SPT: tl.constexpr = tile // supergroup
@@ -207,7 +237,7 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
                           hot_groups_per_gather: tl.constexpr,
                           candidates_per_step: tl.constexpr, rivals_per_step: tl.constexpr,
                           finish_tile: tl.constexpr, is_float: tl.constexpr,
-                          key64: tl.constexpr, pdl: tl.constexpr):
+                          key64: tl.constexpr, pdl: tl.constexpr, vector: tl.constexpr):
     """Launch 2 of maxima: select_programs_per_row programs per row.
 
       1. T = a supergroup maximum that k to k_hi of the row's supergroup maxima reach (the
@@ -226,13 +256,18 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
          row's last program (a ticket) ranks all of them itself. Without coop the last program
          always does. A survivor list past its capacity (rows whose large values cluster,
          sorted rows for one) sends the last program to select from the whole row: slow,
-         always exact."""
+         always exact.
+
+    vector > 0: groups count from the row's first vector, as launch 1 made them
+    (_vector_origin): a gathered group's elements outside the row are masked, and each index is
+    its place in the row."""
     if pdl:
         gdc_wait()  # launched early (programmatic dependent launch): launch 1's writes first
     r = tl.program_id(0)
     j = tl.program_id(1)
     r64 = r.to(tl.int64)
     row_off = r64 * row_stride
+    origin, lead = _vector_origin(row_off, vector)
     lowest, highest = _key_limits(key64)
     # The first tile of this program's group maxima: it does not depend on the cut, so its
     # load is under way during the search.
@@ -284,13 +319,17 @@ def _maxima_select_kernel(x_ptr, ws_ptr, off_smax, off_gmax, off_scr, off_sbuf, 
             for h0 in range(0, n_hot, hot_groups_per_gather):
                 okh = h0 + slot < n_hot
                 gid = tl.load(scratch + h0 + slot, mask=okh, other=0)
-                pos = gid.to(tl.int64)[:, None] * group + cols[None, :]
-                okp = okh[:, None] & (pos < N)
-                x = tl.load(x_ptr + row_off + pos, mask=okp, other=0)
+                pos = gid.to(tl.int64)[:, None] * group + cols[None, :]  # from origin
+                if vector > 0:
+                    okp = okh[:, None] & (pos < N + lead) & (pos >= lead)
+                else:
+                    okp = okh[:, None] & (pos < N)
+                x = tl.load(x_ptr + origin + pos, mask=okp, other=0)
                 key = _order_key(x, is_float, flip, key64)
                 _append_survivors(tl.reshape(key, [hot_groups_per_gather * group]),
-                                  # the index's low 32 bits
-                                  tl.reshape(pos.to(tl.int32), [hot_groups_per_gather * group]),
+                                  # the index in the row, its low 32 bits
+                                  tl.reshape((pos - lead).to(tl.int32),
+                                             [hot_groups_per_gather * group]),
                                   tl.reshape(okp, [hot_groups_per_gather * group]), T, sbuf,
                                   sidx, cnt, survivor_capacity, tie_capacity, key64)
             tl.debug_barrier()  # the hot list is read before the next tile overwrites it
@@ -393,6 +432,7 @@ class MaximaPlan:
     programs_per_row: int = 0  # launch-1 programs per row
     evict: str = ""  # launch 1's load eviction policy
     float_maxima: bool = False  # launch 1 takes whole tiles' maxima as floats (see common.py)
+    vector: int = 0  # elements per 16-byte vector where rows start off the grid (0: on it)
     supergroup: int = 0  # elements per supergroup (maxima of supergroups bound the cut)
     supergroups: int = 0  # supergroups per row
     supergroup_row_stride: int = 0  # workspace elements between rows of supergroup maxima
@@ -463,18 +503,23 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     supergroup = p.group
     while supergroup * 2 <= p.tile and cdiv(N, supergroup * 2) >= rho * kk:
         supergroup *= 2
-    while cdiv(N, supergroup) > s_max:
+    # Rows off the 16-byte grid are read from their first element's vector on (up to
+    # vector - 1 elements of the row before): their groups, chunks and supergroups cover that
+    # much more.
+    p.vector = row_vector(dtype, N, p.row_stride, R, p.group)
+    reach = N + max(p.vector - 1, 0)
+    while cdiv(reach, supergroup) > s_max:
         supergroup *= 2
     p.supergroup = supergroup
-    p.supergroups = cdiv(N, supergroup)
-    if p.supergroups < RHO_MIN * kk:
+    if cdiv(N, supergroup) < RHO_MIN * kk:
         p.reason = (f"k={k} is too large a part of a row of {N}: the cut needs {RHO_MIN:g} k "
                     f"supergroups of at least {p.group} elements")
     # A chunk is tiles_per_program tiles (their loads overlap), or exactly one supergroup where
     # supergroups are longer than a tile (the pass kernel then keeps one running maximum).
     p.chunk = supergroup if supergroup > p.tile else p.tile * config.get("tiles_per_program", 1)
-    p.programs_per_row = cdiv(N, p.chunk)
-    p.groups = cdiv(N, p.group)
+    p.supergroups = cdiv(reach, supergroup)
+    p.programs_per_row = cdiv(reach, p.chunk)
+    p.groups = cdiv(reach, p.group)
     p.group_row_stride = p.programs_per_row * (p.chunk // p.group)
     p.supergroup_row_stride = p.programs_per_row * (p.chunk // supergroup)
     p.supergroups_padded = max(16, next_pow2(p.supergroups))
@@ -529,6 +574,21 @@ def maxima_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, sms: 
     p.workspace_offsets = (off_smax, off_gmax, off_scr, off_sbuf, off_sidx)
     p.workspace_elements = off
     return MaximaPlan(**vars(p))
+
+
+def row_vector(dtype: torch.dtype, N: int, row_stride: int, R: int, group: int) -> int:
+    """Elements per 16-byte vector where the compiler cannot see that rows start and end on
+    the 16-byte grid (Triton tells it that an integer argument divides by 16, nothing less): the
+    pass then reads each row from its first element's vector to its last element's, a bound it
+    knows as a multiple of the vector (a mask at element grain makes every load a single
+    element). 0 where it can see it, or groups (and so tiles and chunks, powers of two times
+    them) are not whole vectors. On the H200
+    the pass over 1024 x 50257 float16 took 114 us element by element, 2.6x a read of the input
+    (fits/topk.md, "maxima: rows off the 16-byte grid")."""
+    per_vector = 16 // dtype.itemsize
+    if (R <= 1 or row_stride % 16 == 0) and N % 16 == 0:
+        return 0
+    return per_vector if group % per_vector == 0 else 0
 
 
 def _pdl_device(call: TopkCall) -> bool:
