@@ -51,10 +51,8 @@ TRITON_EFF = 0.92
 #: fused call took beyond them (fits/softmax.md, "TRITON_GLUE_HOST").
 TRITON_GLUE_HOST = 3.5e-6
 #: Host seconds of the Python autograd.Function around the Triton backends (torch's is C++),
-#: forward and backward together. Taken from the floor of measured forward + backward calls, not
-#: from counting the Python (which explains about a quarter of it; the rest is not profiled yet):
-#: with the counted figure the model sent calls to fused that torch ran 1.7x-3.9x faster
-#: (fits/softmax.md, "AUTOGRAD_HOST"). TRITON_GLUE_HOST comes on top.
+#: forward and backward together: the floor of measured calls (counting the Python explains a
+#: quarter of it; fits/softmax.md, "AUTOGRAD_HOST"). TRITON_GLUE_HOST comes on top.
 AUTOGRAD_HOST = 130e-6
 #: torch's softmax kernels: fraction of the copy bandwidth they reach on their best path.
 TORCH_WARP_EFF = 0.85  # rows <= 1024: a warp per row, persistent
@@ -69,13 +67,11 @@ TORCH_BLOCK_ELEMENT_BYTES = 4
 TORCH_SMEM_BYTES = 48 * 1024
 
 # -- The backward under autograd ----------------------------------------------------------------
-#: Host seconds of the Triton backward's Python: _SoftmaxFunction.backward's checks and
-#: backward()'s layout arithmetic (strides, plan, int64 check), timed with its launches stubbed
-#: out (fits/softmax.md, "BWD_PYTHON_HOST"). Its launches and allocations are charged on top.
+#: Host seconds of the Triton backward's Python (checks, layout arithmetic), timed with its launches
+#: stubbed out (fits/softmax.md, "BWD_PYTHON_HOST"); its launches and allocations come on top.
 BWD_PYTHON_HOST = 7e-6
-#: autograd.backward holds rows up to this long in registers (BWD_SINGLE_MAX there: y and dy
-#: together, hence half the forward's limit); longer rows take two passes, or are split over
-#: programs when there are fewer rows than SMs.
+#: autograd.backward holds rows up to this long in registers (y and dy: half the forward's limit);
+#: longer rows take two passes, or are split over programs when rows are fewer than SMs.
 BWD_SINGLE_MAX = 16384
 BWD_SINGLE_MAX_F64 = 8192
 #: Rows up to this long are packed many to a tile, as multirow does (common.MULTIROW_MAX).
@@ -86,25 +82,20 @@ BWD_CHUNK = 4096
 BWD_SPLIT_CHUNK = 2048
 #: Elements a strided backward tile holds: half of common.TILE_MAX, as it holds y and dy.
 BWD_STRIDED_TILE = 8192
-#: The rate at which the strided backward kernel moves a byte, as a fraction of what the
-#: forward's terms give (short-segment discount included). An empirical factor: measured strided
-#: backwards moved their bytes at about half the forward's rate (fits/softmax.md,
-#: "STRIDED_BWD_EFF").
+#: The strided backward's rate of moving a byte, as a fraction of the forward's terms (short-segment
+#: discount included): measured strided backwards moved their bytes at about half the forward's
+#: rate (fits/softmax.md, "STRIDED_BWD_EFF").
 STRIDED_BWD_EFF = 0.5
-#: Seconds of one step of the serial walk down the dim that each thread of torch's spatial
-#: kernels makes (softmax over a non-last dim), on a tensor past TORCH_SPATIAL_SMALL_BYTES: a
-#: dependent load from L2 or DRAM with little to overlap it. Fitted to the backward time of
-#: measured calls (fits/softmax.md, "TORCH_SPATIAL_STEP_S").
+#: Seconds of a step of the serial walk down the dim each thread of torch's spatial kernels makes
+#: (softmax over a non-last dim) past TORCH_SPATIAL_SMALL_BYTES: a dependent load from L2 or DRAM,
+#: fitted to measured backward times (fits/softmax.md, "TORCH_SPATIAL_STEP_S").
 TORCH_SPATIAL_STEP_S = 0.3e-6
-#: ... and where the tensor fits in an SM's L1 (TORCH_SPATIAL_L1_BYTES): the loads hit L1, so a
-#: step costs at most a few tens of ns; an upper bound from a tiny measured call
-#: (fits/softmax.md, "TORCH_SPATIAL_CACHED_STEP_S").
+#: ... and where the tensor fits in an SM's L1 (TORCH_SPATIAL_L1_BYTES): a few tens of ns at most,
+#: a bound from a tiny measured call (fits/softmax.md, "TORCH_SPATIAL_CACHED_STEP_S").
 TORCH_SPATIAL_CACHED_STEP_S = 0.03e-6
 TORCH_SPATIAL_L1_BYTES = 64 * 1024
-#: ... and up to about 1 MB (as float32; TORCH_SPATIAL_SMALL_BYTES), whose lines stay near the
-#: SMs: within the 0.06-0.12 us a step measured on such calls. The large-tensor step there made
-#: torch several times too slow and sent calls to strided that torch ran faster
-#: (fits/softmax.md, "TORCH_SPATIAL_SMALL_STEP_S").
+#: ... and up to about 1 MB (as float32), whose lines stay near the SMs: within the 0.06-0.12 us
+#: a step measured on such calls (fits/softmax.md, "TORCH_SPATIAL_SMALL_STEP_S").
 TORCH_SPATIAL_SMALL_STEP_S = 0.1e-6
 TORCH_SPATIAL_SMALL_BYTES = 1 << 20
 #: Threads an SM holds at once (Ampere and Hopper): how many columns torch's spatial kernels walk
@@ -155,21 +146,12 @@ def _aligned(call) -> bool:
 
 
 def vector_shift(call) -> int:
-    """The rule of the multirow and cooperative kernels' shifted access (kernels/softmax/common.py,
-    _shifted_rows): where packed rows (the layout those kernels read: the row stride is the row's
-    length) start off the 16-byte grid and hold at least two 16-byte vectors, the elements in one
-    vector of the narrower of input and output; 0 where rows are aligned, short or strided."""
-    if call.inner != 1 or _aligned(call):
+    """Elements per 16-byte vector (of the narrower dtype) where multirow and the cooperative kernel
+    read packed rows off the grid in shifted vectors (common._shifted_rows); else 0."""
+    if call.inner != 1 or _aligned(call) or (call.fast and call.so != call.n and call.outer > 1):
         return 0
-    if call.fast and call.so != call.n and call.outer > 1:
-        return 0  # rows read in place through a stride of their own
     per_vector = 16 // min(call.in_bytes, call.out_dtype.itemsize)
     return per_vector if call.n >= 2 * per_vector else 0
-
-
-def _vectors(call) -> bool:
-    """Whether the multirow and cooperative kernels move this call's rows in 16-byte vectors."""
-    return _aligned(call) or vector_shift(call) > 0
 
 
 def _resident(model, warps: int, elements: int, f64: bool) -> int:
@@ -211,10 +193,9 @@ def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
 
 
 def _triton_backward(call, model) -> tuple[dict, float, str]:
-    """Device parts, host seconds and a note of autograd.backward() on this call's output: the same
-    kernels whichever Triton backend ran the forward. y and dy (upstream gradients are contiguous
-    when tuning times the backward) have the output's dtype; dx has the input's (a widening cast
-    was fused into the forward's load), or the output's when torch cast the input first."""
+    """Device parts, host seconds and a note of autograd.backward() on this call's output (the
+    same kernels whichever Triton backend ran the forward); dx in the input's dtype, or the
+    output's after torch's narrowing cast."""
     n, numel, outer, inner, f64 = call.n, call.numel, call.outer, call.inner, call.f64
     e_y = call.out_dtype.itemsize
     e_dx = e_y if call.cast_first else call.x.dtype.itemsize
@@ -440,7 +421,7 @@ def multirow(call, model):
     tiles = math.ceil(call.outer / block_r)
     resident = _resident(model, 4, block_r * bn, call.f64)
     eff = TRITON_EFF * _busy(model, min(tiles, resident))
-    eff *= 1.0 if _vectors(call) else UNALIGNED_EFF
+    eff *= 1.0 if _aligned(call) or vector_shift(call) else UNALIGNED_EFF
     memory = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
     latency = math.ceil(tiles / resident) * MULTIROW_TILE_S
     return _triton_estimate(call, model, "multirow", host,
@@ -465,7 +446,8 @@ def online(call, model, *, split: int, cooperative: bool = False,
             return model.estimate(op, "online", triton=True, launch=host)
         parts = _prepass(call, model)
         programs = call.outer * split
-        eff = TRITON_EFF * _busy(model, programs) * (1.0 if _vectors(call) else UNALIGNED_EFF)
+        vectors = _aligned(call) or vector_shift(call)
+        eff = TRITON_EFF * _busy(model, programs) * (1.0 if vectors else UNALIGNED_EFF)
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
         parts["sync"] = (COOP_WAIT_S * chunk / COOP_WAIT_CHUNK
                          * math.ceil(programs / (2 * model.sm_count)))
