@@ -677,8 +677,9 @@ def test_maxima_plans_stay_in_bounds():
     assert K_maxima.maxima_plan(1, 3000, 2900, torch.float32, True, 132, {}).reason
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int64],
-                         ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("dtype", [torch.float16] + [
+    pytest.param(d, marks=pytest.mark.slow)  # (make test-all; make test stays under 5 minutes)
+    for d in (torch.bfloat16, torch.float32, torch.int64)], ids=lambda d: str(d)[6:])
 def test_maxima_rows_off_the_vector_grid(cpu_triton, dtype):
     """Rows whose length is no multiple of 16 bytes start anywhere in a vector; maxima reads
     each from its first element's vector on (groups counted from there). Each row's neighbours
