@@ -182,6 +182,29 @@ def twopass(x, block, warps):
     return y
 
 
+def wrong(variants: dict, ref, skip=("clone",)) -> dict:
+    """The variants whose answer (each run twice: the cooperative counters must come back to
+    zero) is off torch's by 2e-2 or more: name -> largest error."""
+    bad = {}
+    for name, fn in variants.items():
+        if name in skip:
+            continue
+        fn()
+        err = (fn().float() - ref).abs().max().item()
+        if not err < 2e-2:
+            bad[name] = err
+    return bad
+
+
+def in_turns(variants: dict, rep: int, rounds: int = 3) -> dict:
+    """do_bench ms of every variant, each once a round (A B C A B C ...): name -> [ms]."""
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(triton.testing.do_bench(fn, warmup=5, rep=rep))
+    return times
+
+
 SHAPES = [((4096, 128256), torch.bfloat16), ((8192, 50257), torch.float16),
           ((16384, 32000), torch.bfloat16), ((1024, 151936), torch.float32),
           ((256, 151936), torch.bfloat16), ((64, 128256), torch.bfloat16),
@@ -232,25 +255,13 @@ def main() -> None:
         for chunk in (4096, 8192):
             for warps in (4, 8):
                 variants[f"flat {chunk}/{warps}"] = flat(x, chunk, warps)
-        bad = {}
-        for name, fn in variants.items():
-            if name == "clone":
-                continue
-            for _ in range(2):  # twice: the counters must come back to zero
-                y = fn()
-            err = (y.float() - ref).abs().max().item()
-            if not err < 2e-2:
-                bad[name] = err
-        times = {name: [] for name in variants}
-        for _ in range(3):
-            for name, fn in variants.items():
-                times[name].append(triton.testing.do_bench(fn, warmup=5, rep=20))
+        bad = wrong(variants, ref)
+        times = in_turns(variants, rep=20)
         traffic = 2 * x.numel() * x.element_size()
         med = {name: statistics.median(t) for name, t in times.items()}
         spread = {name: (max(t) - min(t)) / statistics.median(t) for name, t in times.items()}
         if copy_bw is None:
-            big = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-            copy_bw = 2 * big.numel() / triton.testing.do_bench(lambda: big.clone(), rep=50) / 1e9
+            copy_bw = copy_tb_s()
         best = min((n for n in med if n not in ("clone",) and n not in bad), key=med.get)
         row = {"shape": list(shape), "dtype": str(dtype), "ms": med, "spread": spread,
                "bad": bad, "best": best,
@@ -323,16 +334,8 @@ def shift_ab() -> None:
                 for vector in (True, False):
                     variants[f"{name}#{i} {'vec' if vector else 'elem'}"] = bound(
                         name, x, cfg, vector)
-        bad = {}
-        for name, f in variants.items():
-            f()
-            err = (f().float() - ref).abs().max().item()
-            if not err < 2e-2:
-                bad[name] = err
-        times = {name: [] for name in variants}
-        for _ in range(3):
-            for name, f in variants.items():
-                times[name].append(triton.testing.do_bench(f, warmup=5, rep=25))
+        bad = wrong(variants, ref, skip=())
+        times = in_turns(variants, rep=25)
         med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
         traffic = x.numel() * x.element_size() * 2
         pct = {n: 100 * traffic / (t * 1e-6) / (copy_bw * 1e12) for n, t in med.items()}
@@ -367,10 +370,7 @@ def permute_ceiling() -> list:
         x = (torch.randn(shape, device="cuda") * 50).to(dtype)
         fns = {"clone": lambda: x.clone(), "torch": lambda: x.permute(dims).contiguous(),
                "ours": lambda: ops.permute(x, dims)}
-        t = {n: [] for n in fns}
-        for _ in range(3):
-            for n, fn in fns.items():
-                t[n].append(triton.testing.do_bench(fn, warmup=5, rep=20))
+        t = in_turns(fns, rep=20)
         med = {n: statistics.median(v) * 1e3 for n, v in t.items()}
         rows.append({"shape": shape, "dtype": str(dtype), "us": med})
         print(f"permute {shape} {dtype}: " + ", ".join(f"{n} {v:.1f} us" for n, v in med.items()),
