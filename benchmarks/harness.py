@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny cases, any device: checks the script")
     p.add_argument("--filter", default="",
-                   help="only cases whose name contains this text (several: a|b|c)")
+                   help="only cases whose name contains this text (several: a|b|c; one "
+                        "ending in $ is the whole name)")
     p.add_argument("--rep-ms", type=float, default=60.0, help="do_bench rep time per provider")
     p.add_argument("--repeat", type=int, default=2,
                    help="report the best of this many do_bench medians per provider")
@@ -192,7 +193,8 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
     started = time.monotonic()
     left: list[str] = []
     for index, case in enumerate(suite.cases):
-        if args.filter and not any(part in case.name for part in args.filter.split("|")):
+        if args.filter and not any(case.name == part[:-1] if part.endswith("$") else part in case.name
+                                   for part in args.filter.split("|")):
             continue
         if index % parts != part - 1:
             continue

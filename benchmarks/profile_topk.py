@@ -29,8 +29,11 @@ CASES = [((100_000,), 64, torch.float32), ((1_000_000,), 64, torch.float32),
          ((1024, 4096), 32, torch.float16),
          # GPT-2's vocabulary: rows off the 16-byte grid
          ((1024, 50257), 1, torch.float16), ((1024, 50257), 50, torch.float16),
-         ((256, 50257), 40, torch.bfloat16)]
-BACKENDS = ("torch", "radix", "tournament", "maxima")
+         ((256, 50257), 40, torch.bfloat16),
+         # k = 1 (greedy decoding): argmax's one read
+         ((64, 128_000), 1, torch.bfloat16), ((8, 128_256), 1, torch.bfloat16),
+         ((4096, 32_000), 1, torch.bfloat16), ((4096, 256), 1, torch.float32)]
+BACKENDS = ("torch", "radix", "tournament", "maxima", "argmax")
 
 
 def selected(cases, wanted: list[str]):

@@ -476,14 +476,16 @@ def _edit_function(root: Path, function: str) -> str:
 
 
 def test_editing_a_shared_helper_rehashes_exactly_its_users(tmp_path):
-    # topk's _key_limits is called by the radix, tournament and maxima kernels, not by bitonic's
-    # (and torch / sort run no kernels): an edit must re-measure those three and nothing else.
+    # topk's _key_limits is called by the radix, tournament, maxima and argmax kernels, not by
+    # bitonic's (and torch / sort run no kernels): an edit must re-measure those four and
+    # nothing else.
     root = _copy_package(tmp_path)
     before = _hashes_of(root)
     where = _edit_function(root, "_key_limits")
     after = _hashes_of(root)
     changed = {name for name in before if before[name] != after[name]}
-    assert changed == {"topk/radix", "topk/tournament", "topk/maxima"}, (where, changed)
+    assert changed == {"topk/radix", "topk/tournament", "topk/maxima", "topk/argmax"}, (
+        where, changed)
 
 
 def test_hashes_are_the_same_in_every_process_and_follow_switches(tmp_path):

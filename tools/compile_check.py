@@ -107,7 +107,11 @@ EDGES = {
                              (1, 1, 1), (1, 5000, 64))]
             # rows off the 16-byte grid (maxima reads them in shifted vectors)
             + [([[4, 50257]], torch.float16, {"k": 50}), ([[8, 1001]], torch.bfloat16, {"k": 1}),
-               ([[8, 1001]], torch.int64, {"k": 3})],
+               ([[8, 1001]], torch.int64, {"k": 3}),
+               # argmax: rows of one program (shifted vectors), shared rows, short rows
+               ([[1024, 50257]], torch.float16, {"k": 1}), ([[16, 128000]], torch.bfloat16,
+                                                             {"k": 1}),
+               ([[5, 1001]], torch.float64, {"k": 1}), ([[4096, 7]], torch.int8, {"k": 1})],
     "softmax": [([[r, n]], torch.float32, {}) for r, n in ((1, 1), (3, 1), (1, 7), (5, 3000))]
                + [([[2, 3, 4]], torch.float32, {"dim": 1}),
                   ([[4, 100]], torch.bfloat16, {"out_dtype": "float64"}),

@@ -117,6 +117,15 @@ MAXIMA_RANK_PAIR = 5e-12
 # handed calls that tournament wins to slower backends, and tuning measures the real data
 # (fits/topk.md#tournament).
 TOURNAMENT_VALUE_RISK = 1.15
+# argmax (k = 1): per element a compare or two and two selects, about this many instructions;
+# it streams the rows at this part of copy bandwidth, after a fixed cost of about ARGMAX_FIXED
+# (the launch's ramp and tail: 4096 x 256 float32 takes 4.3 us on the H200, 8 x 128256
+# bfloat16 5.7), and a shared row's last program merges the parts in about ARGMAX_MERGE
+# (fits/topk.md#argmax).
+ARGMAX_OPS = 6.0
+ARGMAX_PASS_EFFICIENCY = 0.85
+ARGMAX_FIXED = 4e-6
+ARGMAX_MERGE = 1e-6
 
 
 def _sizes(call):
@@ -305,17 +314,22 @@ def radix(call, model, plan):
     return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
 
 
+def _one_launch(call, model) -> tuple[dict, float]:
+    """(parts, host) of a backend of one launch: the copy of rows of strided elements, and the
+    host's launch, the two outputs and the glue; its workspace is the stream's, kept between
+    calls (tickets zeroed by the kernel)."""
+    parts = _copy(call, model)
+    host = parts.pop("copy_host", 0.0) + BOUND_LAUNCH + _alloc(2, model)
+    return parts, host + _glue_host(call, model)
+
+
 def tournament(call, model, plan):
     done = _trivial(call, model, "tournament", True)
     if done is not None:
         return done
     R, N, k, s = _sizes(call)
     sms = max(1, model.sm_count)
-    parts = _copy(call, model)
-    # The two outputs; the workspace is the stream's, kept between calls (tickets zeroed by the
-    # kernel).
-    host = parts.pop("copy_host", 0.0) + BOUND_LAUNCH + _alloc(2, model)
-    host += _glue_host(call, model)
+    parts, host = _one_launch(call, model)
     programs = R * plan.programs_per_row
     waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
     # The input once, the group maxima written and read back (through L2, often not DRAM),
@@ -371,6 +385,26 @@ def maxima(call, model, plan):
         parts["sort_k"] = _torch_sort(model, R, k, s)
         host += 2 * model.torch_launch
     return model.estimate(OP, "maxima", triton=True, launch=host, **parts)
+
+
+def argmax(call, model, plan):
+    done = _trivial(call, model, "argmax", True)
+    if done is not None:
+        return done
+    R, N, k, s = _sizes(call)
+    sms = max(1, model.sm_count)
+    parts, host = _one_launch(call, model)
+    programs = -(-R // plan.block_rows) * plan.programs_per_row
+    waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
+    # One read of the rows, at the chip's rate where its programs fill it, at a program's own
+    # rate where they are few; the keys' arithmetic where it is longer.
+    alone = waves * plan.block_rows * min(plan.chunk, N) * s / PROGRAM_BANDWIDTH
+    parts["memory"] = max(model.stream(R * N * s + _out_bytes(call)) / ARGMAX_PASS_EFFICIENCY,
+                          R * N * ARGMAX_OPS / (sms * ALU_PER_SM), alone)
+    parts["fixed"] = ARGMAX_FIXED
+    if plan.programs_per_row > 1:
+        parts["merge"] = ARGMAX_MERGE
+    return model.estimate(OP, "argmax", triton=True, launch=host, **parts)
 
 
 def _glue_host(call, model) -> float:

@@ -1,6 +1,6 @@
 """topk: the k largest (or smallest) values along one dim and their indices, as torch.topk.
 
-Six algorithms; a call is seen as R rows of N elements (the dim moved last) and k per row:
+Seven algorithms; a call is seen as R rows of N elements (the dim moved last) and k per row:
 
   torch    torch.topk (ATen: a radix select per slice, or a full sort for <= 10 long slices)
   radix    a radix select on order-preserving integer keys that reads the data once, with no
@@ -39,6 +39,9 @@ Six algorithms; a call is seen as R rows of N elements (the dim moved last) and 
            and supergroup maxima, no search, no wait), launch 2 gathers the groups that reach
            the cut and the row's programs rank the ~1.2 k candidates into place together
            (long rows, k <= 1024; see _maxima_select_kernel)
+  argmax   k = 1: each lane keeps the best key it has read and its first place, one read of the
+           rows in one launch; rows fewer than SMs are split over programs, the row's last
+           program (a ticket) merges their parts (greedy decoding, argmax / argmin)
   sort     torch.sort of each row, then the first k: wins when k is a large part of the row
   bitonic  rows of up to 16384 elements are loaded once; key and index are packed in one int64
            and tl.topk (a bitonic top-k network) or tl.sort runs in registers: many short rows
@@ -56,6 +59,7 @@ import torch
 from ...dispatch.backend import TorchBackend
 from ...dispatch.op import Op, register
 from ...heuristics import topk as cost
+from .argmax import ArgmaxBackend
 from .bitonic import BitonicBackend
 from .call import SUPPORTED_DTYPES, TopkCall, _torch_topk, prepare, replay, sample
 from .maxima import MaximaBackend
@@ -66,7 +70,7 @@ from .tournament import TournamentBackend
 
 # What other modules use (ops, routing, library, transforms, tests, benchmarks).
 __all__ = ["OP", "TopkCall", "SUPPORTED_DTYPES", "prepare", "sample", "replay", "RadixBackend",
-           "TournamentBackend", "MaximaBackend", "SortBackend", "BitonicBackend"]
+           "TournamentBackend", "MaximaBackend", "ArgmaxBackend", "SortBackend", "BitonicBackend"]
 
 
 OP = register(Op("topk", prepare, [
@@ -75,6 +79,7 @@ OP = register(Op("topk", prepare, [
     RadixBackend(),
     TournamentBackend(),
     MaximaBackend(),
+    ArgmaxBackend(),
     SortBackend(),
     BitonicBackend(),
 ], sample=sample, replay=replay, calibration=[

@@ -14,7 +14,8 @@ from ...dispatch.device import INTERPRETED
 from ...errors import OpselectError
 from ...switches import enabled
 from .._common import Launcher, check_config, plan_launcher  # noqa: F401 (the backends import the last two from here)
-from .call import PreparedRuns, TopkCall, _reader
+from .._common import allocator, per_stream
+from .call import PreparedRuns, TopkCall, _output_finisher, _output_maker, _reader
 
 
 # The one-launch radix mode has the programs of a row wait for each other; it keeps the grid
@@ -430,3 +431,31 @@ class _PlannedBackend(PreparedRuns, PlannedBackend):
         suit: the dispatcher only runs configs whose plan holds)."""
         if getattr(p, "reason", None):
             raise OpselectError(f"topk {self.name}: {p.reason}")
+
+
+def ticketed_call(call: TopkCall, launch, offsets: tuple, size: int, ints: tuple):
+    """The prepared call (x -> torch.topk's result) of a backend of one launch whose shared
+    rows' programs take tickets: launch(x, workspace, *offsets, values, indices, *ints). The
+    workspace is the stream's, kept between calls: its first offsets[0] int64 elements (the
+    tickets) are zeroed when it is made and again by each shared row's last program, and every
+    other part is written before it is read within a launch."""
+    read = _reader(call, unit_col=True)[0]
+    device = call.input.device
+    new_outputs, finish = _output_maker(call), _output_finisher(call)
+    new_ws = allocator((max(size, 1),), torch.int64, device)
+
+    def make_workspace():
+        ws = new_ws()
+        ws[:offsets[0]].zero_()
+        return (ws,)
+
+    workspace = per_stream(device, make_workspace)
+
+    def topk(x: torch.Tensor):
+        if read is not None:
+            x = read(x)
+        values, indices = new_outputs()
+        launch(x, workspace()[0], *offsets, values, indices, *ints)
+        return finish(values, indices)
+
+    return topk

@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 from ...heuristics import topk as cost
-from .._common import allocator, cdiv, next_pow2, per_stream
-from .call import TopkCall, _output_maker, _output_finisher, _reader
+from .._common import cdiv, next_pow2
+from .call import TopkCall
 from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _row_stride,
                      _select, _take_k, _tile_group_max_keys, _write_out, check_config,
-                     float_maxima_allowed, plan_launcher)
+                     float_maxima_allowed, plan_launcher, ticketed_call)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,28 +344,6 @@ class TournamentBackend(_PlannedBackend):
         """The prepared call (see Backend.bind) under the plan p: a function of the input,
         everything else worked out here once."""
         self._refuse(p)
-        read = _reader(call, unit_col=True)[0]
-        device = call.input.device
-        new_outputs, finish = _output_maker(call), _output_finisher(call)
         launch = _TOURNAMENT.bind(p, (call.R, p.programs_per_row), call.info.index)
-        offsets, size = p.workspace_offsets, p.workspace_elements
-        # The stream's workspace, kept between calls: every part is written before it is read
-        # within a launch, and a shared row's last program zeroes its ticket again.
-        new_ws = allocator((size,), torch.int64, device)
-
-        def make_workspace():
-            ws = new_ws()
-            ws[:offsets[0]].zero_()
-            return (ws,)
-
-        workspace = per_stream(device, make_workspace)
         ints = (call.N, p.row_stride, call.k, p.chunk, p.programs_per_row, p.flip)
-
-        def topk(x: torch.Tensor):
-            if read is not None:
-                x = read(x)
-            values, indices = new_outputs()
-            launch(x, workspace()[0], *offsets, values, indices, *ints)
-            return finish(values, indices)
-
-        return topk
+        return ticketed_call(call, launch, p.workspace_offsets, p.workspace_elements, ints)
