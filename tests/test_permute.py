@@ -396,6 +396,15 @@ def test_result_aliases_as_torchs_contiguous(cpu_triton, shape, layout, dims):
     assert_same(out, ref)
     g = ops.permute(x.clone().requires_grad_(), dims)
     assert_same(g.detach(), ref)
+    # The layout's route (installed by an auto call) gives each input its own view.
+    ops.permute(x, dims)
+    assert P.OP.routes.get(plain_key(x, dims)) is not None
+    other = x.clone() if layout is None else (
+        base.clone().permute([layout.index(i) for i in range(len(layout))]))
+    assert other.stride() == x.stride()
+    y = ops.permute(other, dims)
+    assert y.data_ptr() == other.data_ptr() and y.stride() == ref.stride()
+    assert_same(y, ref)
 
 
 # ---------------------------------------------------------------------------------------------

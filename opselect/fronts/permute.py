@@ -13,6 +13,7 @@ from torch.compiler import is_compiling as _compiling
 
 from .. import routing_state as _state
 from .. import transforms as _transforms
+from ..dispatch.op import ROUTES_MAX
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..kernels import permute as _permute
 from ..kernels.permute.call import plain_key as _permute_key
@@ -65,9 +66,25 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
     if call.view_is_contiguous and (backend is None or backend == "auto" or backend == "torch"):
         # As torch's permute(dims).contiguous(): the view itself when it is contiguous already
         # (dims of size 1 moved, the input's own permutation undone). A forced Triton backend
-        # runs its copy (or says why it cannot).
-        return input.permute(call.dims)
+        # runs its copy (or says why it cannot). Routed from now on: the key holds the whole
+        # layout, so every input of it has a contiguous view (2.9 us over torch's 1.0 before,
+        # on this workplace's CPU host, for the prepare memo's lookup on every call).
+        if key is not None and (backend is None or backend == "auto"):
+            routes = _permute.OP.routes
+            if len(routes) >= ROUTES_MAX:
+                routes.clear()
+            routes[key] = (_view_route(call.dims), True, "torch")
+        return _permute_view(input, call.dims)
     return _permute.OP.run(call, backend, key)
+
+
+# (torch.permute, not Tensor.permute: the method's parser takes a tuple of dims 0.5 us slower)
+_permute_view = torch.permute
+
+
+def _view_route(dims: tuple):
+    """The route of a layout whose permuted view is contiguous: that view of each input."""
+    return lambda input: _permute_view(input, dims)
 
 
 def transpose(input: torch.Tensor, dim0: int, dim1: int, *, out: Optional[torch.Tensor] = None,

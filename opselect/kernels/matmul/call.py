@@ -315,7 +315,18 @@ def plain_key(form: str, *tensors) -> tuple | None:
 
     Every ops.matmul / ops.linear call computes it, torch's route included, so it is kept lean:
     one flat tuple, the switch read only for float32 (2.25 us a key on the H200's host before,
-    against torch.matmul's 16.7 us of host time on a small product)."""
+    against torch.matmul's 16.7 us of host time on a small product), and matmul's two operands
+    keyed without a loop (1.57 -> 1.24 us on this workplace's CPU host)."""
+    if len(tensors) == 2:
+        a, b = tensors
+        kind_a, kind_b = type(a), type(b)
+        if (kind_a is not _TENSOR and kind_a is not _PARAMETER) or (
+                kind_b is not _TENSOR and kind_b is not _PARAMETER) or a.is_neg() or \
+                b.is_neg() or a.is_conj() or b.is_conj():
+            return None
+        dtype_a, dtype_b = a.dtype, b.dtype
+        return (form, a.shape, a.stride(), dtype_a, a.device, b.shape, b.stride(), dtype_b,
+                b.device, (dtype_a is _FLOAT32 or dtype_b is _FLOAT32) and allow_tf32())
     parts = [form]
     float32 = False
     for t in tensors:
