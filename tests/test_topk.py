@@ -1062,6 +1062,12 @@ def test_cost_model_prefers_the_right_kernel():
     assert min(est, key=est.get) in ("sort", "torch") and est["radix"] > est["sort"]
     est = estimates((4096, 256), 8)
     assert min(est, key=est.get) == "bitonic"
+    # k = 1 on vocabulary rows: argmax reads them once (the H200's 42.5 and 78.8 us against
+    # maxima's 101 and tournament's 93: fits/topk.md#argmax)
+    for shape, dtype in (((1024, 50257), torch.float16), ((4096, 32000), torch.bfloat16),
+                         ((16_000_000,), torch.float32)):
+        est = estimates(shape, 1, dtype)
+        assert min(est, key=est.get) == "argmax", (shape, est)
 
 
 @pytest.mark.parametrize("shape,backend,first", [
