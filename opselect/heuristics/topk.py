@@ -286,7 +286,7 @@ def radix(call, model, plan):
     alu = R * N * FILTER_OPS / (sms * ALU_PER_SM)
     finish = _finisher(plan, key_bits, plan.expected_survivors)
     notes: tuple[str, ...] = ()
-    waves = math.ceil(R / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
+    waves = _waves(R, sms, plan.num_warps)
     if plan.mode == "direct":
         host += BOUND_LAUNCH + _alloc(2, model)
         parts["memory"] = memory
@@ -314,6 +314,12 @@ def radix(call, model, plan):
     return model.estimate(OP, "radix", triton=True, notes=notes, launch=host, **parts)
 
 
+def _waves(programs: int, sms: int, num_warps: int) -> int:
+    """Rounds of `programs` latency-bound programs of num_warps warps over the chip's SMs (each
+    SM keeps WARPS_PER_SM warps busy)."""
+    return math.ceil(programs / (sms * max(1, WARPS_PER_SM // num_warps)))
+
+
 def _one_launch(call, model) -> tuple[dict, float]:
     """(parts, host) of a backend of one launch: the copy of rows of strided elements, and the
     host's launch, the two outputs and the glue; its workspace is the stream's, kept between
@@ -331,7 +337,7 @@ def tournament(call, model, plan):
     sms = max(1, model.sm_count)
     parts, host = _one_launch(call, model)
     programs = R * plan.programs_per_row
-    waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
+    waves = _waves(programs, sms, plan.num_warps)
     # The input once, the group maxima written and read back (through L2, often not DRAM),
     # at the rate the resident warps stream it.
     memory = model.stream(R * N * s + _out_bytes(call) + 2 * programs * plan.group_maxima_slots * 4)
@@ -395,7 +401,7 @@ def argmax(call, model, plan):
     sms = max(1, model.sm_count)
     parts, host = _one_launch(call, model)
     programs = -(-R // plan.block_rows) * plan.programs_per_row
-    waves = math.ceil(programs / (sms * max(1, WARPS_PER_SM // plan.num_warps)))
+    waves = _waves(programs, sms, plan.num_warps)
     # One read of the rows, at the chip's rate where its programs fill it, at a program's own
     # rate where they are few; the keys' arithmetic where it is longer.
     alone = waves * plan.block_rows * min(plan.chunk, N) * s / PROGRAM_BANDWIDTH
