@@ -1077,6 +1077,7 @@ def test_cost_model_prefers_the_right_kernel():
     ((64, 128000), "maxima", {}),
     ((4096, 32000), "tournament", {}),  # 8192 x 2048, many rows or few
     ((1, 5_000_000), "tournament", {}),
+    ((64, 128000), "tournament", {}),
 ])
 def test_first_config_follows_the_h200_tuning(shape, backend, first):
     """The config a cold pick runs, as the H200's tuning of bench_random's calls and its suite
@@ -1084,7 +1085,11 @@ def test_first_config_follows_the_h200_tuning(shape, backend, first):
     call = K.prepare(torch.empty(shape, dtype=torch.bfloat16, device="meta"), 8)
     call.info = H200  # a compiled GPU's configs, not the interpreter's
     configs = K.OP.backend(backend).configs(call)
-    assert configs[0] == first and len(configs) == 3
+    assert configs[0] == first
+    # tournament's 2048-element tiles are tuned only where rows are split over programs
+    shared = backend == "tournament" and shape[0] < 2 * H200.sm_count
+    assert len(configs) == 3 + shared
+    assert ({"tile_max": 2048} in configs) == shared
 
 
 def test_radix_plans_stay_in_bounds():
@@ -1139,6 +1144,30 @@ def test_gpu_every_dtype(cuda, dtype):
             if refuses(backend, x, k):
                 continue
             check(x, k, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_tournament_vocabulary_rows_every_config(cuda):
+    # Sampling batches at their real sizes, under every config (shared rows, single rows,
+    # 2048-element tiles): random rows take the packed candidates, rows in order and a few
+    # distinct values overflow them and keep the whole gathered tile; NaN and inf sprinkled.
+    g = torch.Generator(device=cuda).manual_seed(0)
+    for shape, k, dtype in (((64, 128000), 50, torch.float32), ((8, 128256), 50, torch.bfloat16),
+                            ((100, 100003), 256, torch.float16),
+                            ((4096, 32000), 50, torch.bfloat16)):
+        for kind in ("random", "sorted", "ties", "specials"):
+            x = torch.randn(shape, device=cuda, generator=g)
+            if kind == "sorted":
+                x = torch.sort(x, dim=-1).values
+            elif kind == "ties":
+                x = torch.randint(0, 7, shape, device=cuda, generator=g).float()
+            elif kind == "specials":
+                x[:, ::997] = float("nan")
+                x[:, 5::1013] = float("inf")
+            x = x.to(dtype)
+            for config in configs_of("tournament", x, k):
+                run_forced("tournament", x, k, config)
+                run_forced("tournament", x, k, config, largest=False)
 
 
 @pytest.mark.gpu

@@ -14,7 +14,8 @@ from ...heuristics import topk as cost
 from .._common import cdiv, next_pow2
 from .call import TopkCall
 from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _row_stride,
-                     _select, _take_k, _tile_group_max_keys, _write_out, check_config,
+                     _select, _store_winners, _take_k, _tile_group_max_keys, _write_out,
+                     check_config,
                      float_maxima_allowed, plan_launcher, ticketed_call)
 
 
@@ -22,12 +23,13 @@ from .common import (MAX_ROW, _PlannedBackend, _cut, _key_limits, _order_key, _r
 # Kernels: tournament
 # ---------------------------------------------------------------------------------------------
 # N, row_stride and chunk stay specialised: divisible by 16, they give the tiles 16-byte loads.
-@triton.jit(do_not_specialize=["k", "programs_per_row", "flip", "off_max", "off_hot", "off_cand"])
-def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_ptr,
+@triton.jit(do_not_specialize=["k", "programs_per_row", "flip", "off_max", "off_hot", "off_cand",
+                               "off_cmp"])
+def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, off_cmp, val_ptr, idx_ptr,
                        N, row_stride, k, chunk, programs_per_row, flip,
                        shared: tl.constexpr, group: tl.constexpr, tile: tl.constexpr,
                        group_maxima_slots: tl.constexpr, hot_groups: tl.constexpr,
-                       cut_sets: tl.constexpr, float_maxima: tl.constexpr,
+                       compact: tl.constexpr, cut_sets: tl.constexpr, float_maxima: tl.constexpr,
                        finish_tile: tl.constexpr, sort: tl.constexpr, k_padded: tl.constexpr,
                        is_float: tl.constexpr):
     """Program p of row r takes the chunk [p * chunk, (p + 1) * chunk) of the row and its share kc
@@ -37,7 +39,8 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
       2. T = the kc-th largest group maximum. Then at least kc elements reach T (one per group),
          so the chunk's kc largest all reach T and lie in the kc groups whose maximum does
          ("hot" groups; more only where maxima tie at T);
-      3. gather the hot groups (hot_groups * group elements, from L2), select their kc largest.
+      3. gather the hot groups (hot_groups * group elements, from L2), pack the keys that reach
+         T into `compact` slots, select their kc largest.
 
     No sample, no margin, no wait: the cut is exact by construction. With several programs per
     row (shared) each writes its winners (key << 32 | index) to the row's candidate list and
@@ -112,6 +115,9 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
         dest = ws_ptr + off_cand + prog * k
     else:
         dest = idx_ptr + r64 * k
+    # A shared row's winners carry their keys (key << 32 | index) for the row's merge; a row of
+    # its own packs them only to sort them.
+    PACK: tl.constexpr = shared or sort
     C: tl.constexpr = hot_groups * group
     if n_hot <= hot_groups:
         # 3. the hot groups' elements (read again, from L2), and their kc largest.
@@ -126,10 +132,25 @@ def _tournament_kernel(x_ptr, ws_ptr, off_max, off_hot, off_cand, val_ptr, idx_p
         key = tl.reshape(key, [C])
         okc = tl.reshape(okc, [C])
         idx = tl.reshape(pos, [C]) + start.to(tl.int32)  # low 32 bits of the row index
-        if shared:
-            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, True, False)
+        # Only keys >= T can win, and on most rows a hot group holds one or two of them: the
+        # search over all C gathered keys (a count of the whole tile each step) was the
+        # kernel's largest cost (H200, 4096 x 32000 bf16, k = 50: 67 of 182 us). Packed into
+        # `compact` slots (key << 32 | index, one scan), the search runs on a tile a tenth the
+        # size; more candidates than that (ties, rows in order) keep the whole tile.
+        reach = okc & (key >= T)
+        n_reach = tl.sum(reach.to(tl.int32), axis=0)
+        if n_reach <= compact:
+            packed = (ws_ptr + off_cmp) + prog * compact
+            _store_winners(packed, tl.cumsum(reach.to(tl.int32), axis=0) - 1, reach, key, idx,
+                           True)
+            tl.debug_barrier()  # every thread's candidates are stored before any are read
+            s = tl.arange(0, compact)
+            oks = s < n_reach
+            v = tl.load(packed + s, mask=oks, other=0)
+            _take_k((v >> 32).to(tl.int32), v.to(tl.int32), oks, kc, T.to(tl.int64), dest,
+                    PACK, False)
         else:
-            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, sort, False)
+            _take_k(key, idx, okc, kc, T.to(tl.int64), dest, PACK, False)
     else:
         if shared:
             _select(chunk_ptr, 0, ws_ptr, ws_ptr, n_here, kc, tl.full([], 0, tl.int64), True,
@@ -202,6 +223,7 @@ class TournamentPlan:
     tile: int = 0  # elements a program loads at once
     group_maxima_slots: int = 0  # group maxima a program holds (a power of two)
     hot_groups: int = 0  # groups at most that can hold a winner, gathered for the selection
+    compact: int = 0  # the gathered keys that reach the cut, packed for the selection (at most)
     cut_sets: int = 0  # columns of group maxima whose least maximum bounds the cut from below
     float_maxima: bool = False  # whole tiles' group maxima taken as floats (float_maxima_allowed)
     finish_tile: int = 0  # candidates the last program of a shared row selects from
@@ -276,6 +298,8 @@ def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, s
     p.programs_per_row = cdiv(N, p.chunk) if N else 1
     p.group_maxima_slots = max(16, next_pow2(cdiv(p.chunk, p.group)))
     p.cut_sets = min(next_pow2(kk), p.group_maxima_slots)
+    # Hot groups hold one or two keys that reach the cut each on most rows (their maxima do).
+    p.compact = min(p.hot_groups * p.group, 2 * p.hot_groups)
     p.float_maxima = float_maxima_allowed(dtype, p.row_stride, p.chunk)
     p.k_padded = max(16, next_pow2(kk))
     p.finish_tile = (max(p.k_padded, next_pow2(p.programs_per_row * kk))
@@ -289,13 +313,14 @@ def tournament_plan(R: int, N: int, k: int, dtype: torch.dtype, sorted_: bool, s
     # flight). See benchmarks/results/h200/fits/topk.md#tournament.
     p.num_warps = config.get("num_warps", 4 if R * p.programs_per_row >= 2 * sms else 8)
     # The workspace, int64 elements: per-row tickets (int32), group maxima (int32), hot group
-    # ids (int32), candidate lists (int64, shared rows only).
+    # ids (int32), candidate lists (int64, shared rows only), packed candidates (int64).
     progs = R * p.programs_per_row
     off_max = cdiv(R, 2)
     off_hot = off_max + cdiv(progs * p.group_maxima_slots, 2)
     off_cand = off_hot + cdiv(progs * p.hot_groups, 2)
-    p.workspace_offsets = (off_max, off_hot, off_cand)
-    p.workspace_elements = off_cand + (progs * kk if p.programs_per_row > 1 else 0)
+    off_cmp = off_cand + (progs * kk if p.programs_per_row > 1 else 0)
+    p.workspace_offsets = (off_max, off_hot, off_cand, off_cmp)
+    p.workspace_elements = off_cmp + progs * p.compact
     return TournamentPlan(**vars(p))
 
 
@@ -329,8 +354,14 @@ class TournamentBackend(_PlannedBackend):
             # on many rows of a vocabulary; where rows are many, tuning was split between it
             # and 4096 x 4096, so the default stays (see
             # benchmarks/results/h200/fits/topk.md#tournament-configs).
-            other = 12 - self.plan(call, {}).num_warps  # the warp count the default does not pick
+            default = self.plan(call, {})
+            other = 12 - default.num_warps  # the warp count the default does not pick
             out = [{}, {"tile_max": 4096, "candidates_max": 4096}, {"num_warps": other}]
+            if default.shared:
+                # Few rows split over programs: 2048-element tiles (H200, 64 x 128000 float32,
+                # k = 50: 28.2 us against the default's 32.3; on 4096 rows of 32000 they lost,
+                # 214 against 172). See benchmarks/results/h200/fits/topk.md#tournament-configs.
+                out.append({"tile_max": 2048})
         # The first is the default (supports() asks it); others only where their plan holds.
         return out[:1] + [c for c in out[1:] if self.plan(call, c).reason is None]
 
