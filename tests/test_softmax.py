@@ -643,6 +643,34 @@ def test_double_backward(cpu_triton):
         assert torch.autograd.gradgradcheck(lambda t: fn(log)(t, -1, backend="multirow"), (x,))
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_grad_calls_take_a_route_with_its_backwards(cpu_triton, log):
+    """A call under autograd is prepared once (a route) like any other: later calls of its
+    layout run the same forward inside the autograd.Function, and each upstream layout's
+    backward is planned once in the route's memo. Every gradient still matches torch's, the
+    memo's second layout (a transposed upstream) and a forward under no_grad included."""
+    from opselect.kernels.softmax.autograd import BackwardMemo
+
+    torch.manual_seed(13)
+    op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+    x = torch.randn(6, 40)
+    contiguous_up, transposed_up = torch.randn(6, 40), torch.randn(40, 6).t()
+    for upstream in (contiguous_up, contiguous_up, transposed_up, transposed_up):
+        got, ref = grads(x, -1, log, "fused", upstream)
+        assert_grad(got, ref, torch.float32, "through the route")
+    routes = [r for key, r in op.forced_routes.items() if key[0] == "fused"]
+    assert len(routes) == 1 and callable(routes[0]), "a grad call is bound as a route"
+    # the route's memo holds the two upstream layouts' prepared backwards
+    memo = routes[0].backwards
+    assert isinstance(memo, BackwardMemo)
+    assert sorted(memo) == sorted({(contiguous_up.stride(), torch.float32),
+                                   (transposed_up.stride(), torch.float32)})
+    with torch.no_grad():  # another key: the plain forward, no graph
+        y = fn(log)(x.clone().requires_grad_(), -1, backend="fused")
+    assert y.grad_fn is None
+    assert_matches(y, x, -1, log, backend="fused")
+
+
 def test_no_graph_without_grad(cpu_triton):
     x = torch.randn(3, 5, requires_grad=True)
     with torch.no_grad():
