@@ -247,7 +247,8 @@ def _vector_of(backend, call, config) -> int:
     return getattr(plan, "forward", plan).vector
 
 
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("log", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["softmax", "log_softmax"])  # (log_softmax's: make test-all)
 def test_rows_off_the_vector_grid(cpu_triton, log):
     """Packed rows whose length is no multiple of a 16-byte vector start off the grid; the
     multirow and cooperative kernels read them from their first whole vector on, with the head before it

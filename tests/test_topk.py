@@ -161,7 +161,8 @@ def test_all_equal_and_extremes(cpu_triton, backend):
     check(torch.tensor([[0, 255, 128, 1]], dtype=torch.uint8), 3, backend=backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [  # tournament's in make test-all (make test's 5 minutes)
+    b if b != "tournament" else pytest.param(b, marks=pytest.mark.slow) for b in BACKENDS])
 def test_each_dim_and_layout(cpu_triton, backend):
     x = torch.randn(3, 4, 5)
     for dim in (0, 1, 2, -1, -3):
@@ -517,6 +518,7 @@ def test_tournament_group_maxima_of_special_values(cpu_triton, dtype):
     assert not K_tournament.tournament_plan(4, 1000, 5, torch.int32, True, 132, {}).float_maxima
 
 
+@pytest.mark.slow  # (make test-all: make test stays under its 5 minutes on 2 cores)
 @settings(max_examples=8, **SETTINGS)
 @given(n=st.integers(1, 2500), data=st.data())
 def test_property_tournament(cpu_triton, n, data):
@@ -763,7 +765,8 @@ def bound(name: str, x: torch.Tensor, k: int, dim: int = -1, largest: bool = Tru
     return prepared
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("name", [  # bitonic's in make test-all (make test's 5 minutes)
+    b if b != "bitonic" else pytest.param(b, marks=pytest.mark.slow) for b in BACKENDS])
 def test_prepared_call_answers_fresh_inputs(cpu_triton, name):
     # One prepared call serves every input of its plain key: other values at another address
     # (and alignment: the sliced rows start one element in), never the input it was made for.
