@@ -300,7 +300,7 @@ def backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
              dx_dtype: torch.dtype) -> torch.Tensor:
     """dx of softmax (log=False) or log_softmax over dim (>= 0), given the contiguous output y and
     the gradient g of y (any strides). dx is contiguous, of dx_dtype."""
-    return prepare_backward(y, g, dim, log, dx_dtype)(y, g)
+    return prepare_backward(y, g, dim, log, dx_dtype, bound=False)(y, g)
 
 
 #: Prepared backwards a route keeps (BackwardMemo), at most this many upstream layouts each.
@@ -326,13 +326,18 @@ class BackwardMemo(dict):
 
 
 def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
-                     dx_dtype: torch.dtype):
+                     dx_dtype: torch.dtype, *, bound: bool = True):
     """The prepared backward (y, g) -> dx of every later call with y's shape, dtype and device
     and g's strides and dtype: the layout arithmetic, the plan and the bound launches worked out
     here once (a backward planned per call cost host time that the forward's route no longer
-    does)."""
+    does). bound=False, for a backward used once: the launchers' own path, nothing bound."""
     new_dx = allocator(y.shape, dx_dtype, y.device)
     device = y.device.index if y.is_cuda else None
+
+    def launch_of(launcher, plan, grid: tuple):
+        if bound:
+            return launcher.bind(plan, grid, device)
+        return lambda *args: launcher(plan, grid, args)
     shape, strides = g.shape, g.stride()
     rank = len(shape)
     if rank == 0:
@@ -366,8 +371,7 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         warps = _warps(bn * bi)
         plan = strided_launch_plan(y.dtype, dx_dtype, g.dtype, ints, a, log, f64, bn, bi, single,
                                    i64, warps)
-        return _one_backward(_STRIDED_BWD.bind(plan, (outer * n_ib,), device), ints, read,
-                             new_dx)
+        return _one_backward(launch_of(_STRIDED_BWD, plan, (outer * n_ib,)), ints, read, new_dx)
     a = _align(n, sgo)
     bn = next_pow2(n)
     single_max = BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX
@@ -380,8 +384,8 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         new_t = allocator((outer * split,), torch.float64 if f64 else torch.float32, y.device)
         ints = (n // a, sgo // a, chunk, split)
         plan = split_backward_plan(y.dtype, g.dtype, dx_dtype, ints, a, log, f64, block, i64)
-        sums = _SPLIT_BWD_SUM.bind(plan, (outer * split,), device)
-        apply = _SPLIT_BWD_APPLY.bind(plan, (outer * split,), device)
+        sums = launch_of(_SPLIT_BWD_SUM, plan, (outer * split,))
+        apply = launch_of(_SPLIT_BWD_APPLY, plan, (outer * split,))
 
         def split_rows(y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
             if read is not None:
@@ -407,7 +411,7 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     stages = 2 if per > 1 and single and block_r * block_n <= 8192 else 1
     plan = rows_backward_plan(y.dtype, g.dtype, dx_dtype, ints, a, log, f64, block_r, block_n,
                               single, stages, i64, warps)
-    return _one_backward(_ROWS_BWD.bind(plan, (cdiv(tiles, per),), device), ints, read, new_dx)
+    return _one_backward(launch_of(_ROWS_BWD, plan, (cdiv(tiles, per),)), ints, read, new_dx)
 
 
 def _one_backward(launch, ints: tuple, read, new_dx):
