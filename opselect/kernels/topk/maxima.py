@@ -87,13 +87,20 @@ def _maxima_pass_kernel(x_ptr, ws_ptr, off_smax, off_gmax, N, row_stride, group_
     chunk_ptr = x_ptr + origin + start
     gmax = _typed(ws_ptr, off_gmax, True, key64) + r64 * group_row_stride + start // group
     smax = _typed(ws_ptr, off_smax, True, key64) + r64 * supergroup_row_stride + start // supergroup
-    ntiles = tl.cdiv(n_here, tile)
     if vector > 0:
         # Loads up to the end of the vector holding the row's last element (a bound the
         # compiler knows as a multiple of `vector`: whole-vector masks)
         n_load = (n_here + (vector - 1)) // vector * vector
+        # Every slot launch 2 reads is written: the plan's groups and supergroups cover the
+        # row's largest shift (vector - 1 elements), so a row with less has slots past its data,
+        # up to a whole program's (a row of 127 int32 elements: 2 programs, the second with
+        # nothing to read). Unwritten, they held the workspace's old contents, which launch 2
+        # took for maxima (a wrong answer). Tiles past the data store the lowest key.
+        n_slots = tl.minimum(N + (vector - 1) - start, chunk).to(tl.int32)
     else:
         n_load = n_here
+        n_slots = n_here
+    ntiles = tl.cdiv(n_slots, tile)
     acc = tl.full([], lowest, gmax.dtype.element_ty)
     x = tl.load(chunk_ptr + lane, mask=lane < n_load, other=0, eviction_policy=evict)
     for t in range(ntiles):
