@@ -1274,6 +1274,23 @@ def test_gpu_maxima_rows_off_the_vector_grid(cuda):
 
 
 @pytest.mark.gpu
+def test_gpu_maxima_writes_every_slot_its_second_launch_reads(cuda, monkeypatch):
+    """The GPU's plans of test_maxima_writes_every_slot_its_second_launch_reads: int32 rows no
+    multiple of the 4-element vector long (each row shifted differently), lengths just past a
+    power of two (the last program's share nearly empty), workspace poisoned above every
+    element: a slot launch 2 reads but the pass never wrote would come back as a maximum."""
+    from opselect.kernels import _common
+
+    monkeypatch.setattr(_common, "POISON", float(1 << 30))
+    for rows, n in ((3, 127), (5, 4097), (3, 65537), (7, 100003), (1, 1 << 20 | 1)):
+        x = -torch.randperm(rows * n, device=cuda).to(torch.int32).reshape(rows, n) - 1000
+        for config in configs_of("maxima", x, 1):
+            for k in (1, 3):
+                run_forced("maxima", x, k, config)
+                run_forced("maxima", x, k, config, largest=False)
+
+
+@pytest.mark.gpu
 def test_gpu_bound_launches(cuda, monkeypatch):
     """Every Triton backend's launches: with verify on, Triton binds each call and must pick
     the very kernel the backend's spec names (a spec that misses an argument Triton
