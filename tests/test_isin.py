@@ -21,13 +21,18 @@ from opselect.errors import BackendError, InvalidArgument, UnsupportedDType
 from opselect.kernels import isin as isin_mod
 from opselect.kernels.isin.call import plain_key
 
-TRITON_BACKENDS = ["compare", "search", "hash", "bitmap"]
+TRITON_BACKENDS = ["compare", "search", "hash", "cuckoo", "bitmap"]
 INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
 def supports(backend: str, dtype: torch.dtype) -> bool:
     return not (backend == "bitmap" and dtype.is_floating_point)
+
+
+def takes(backend: str, n: int) -> bool:
+    """Whether the backend takes a test set of n values (compare and cuckoo have a bound)."""
+    return n <= {"compare": 4096, "cuckoo": 16384}.get(backend, n)
 
 
 def check(elements, test, backend, *, invert=False, assume_unique=False):
@@ -135,6 +140,79 @@ def test_duplicates_heavy(cpu_triton):
         check(elements, test, backend)
 
 
+# ------------------------------------------------------------------------------------------------
+# cuckoo: the kick chains and the stash
+# ------------------------------------------------------------------------------------------------
+def cuckoo_slots(key: int, log_t: int, key_bits: int) -> tuple[int, int]:
+    """kernels/isin/cuckoo.py's _cuckoo_hash in Python: a key's two slots."""
+    m32 = 0xFFFFFFFF
+    h = key & m32
+    if key_bits == 64:
+        h ^= (((key >> 32) & m32) * 0x85EBCA6B) & m32
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & m32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & m32
+    h ^= h >> 16
+    return h >> (32 - log_t), ((h * 0x27D4EB2F) & m32) >> (32 - log_t)
+
+
+def colliding_keys(count: int, log_t: int, key_bits: int, start: int = 0) -> list[int]:
+    """count keys (from `start` up) whose two slots are the same pair: at most two of them fit."""
+    by_pair: dict = {}
+    key = start
+    while True:
+        pair = tuple(sorted(cuckoo_slots(key, log_t, key_bits)))
+        found = by_pair.setdefault(pair, [])
+        found.append(key)
+        if len(found) == count:
+            return found
+        key += 1
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_cuckoo_stash_takes_what_the_table_cannot(cpu_triton, dtype):
+    """Five keys with the same two slots: two fit, the kick chains end after MAX_KICKS rounds and
+    three go to the stash, which every lookup scans. The table is read back to see that the
+    stash was used (and that cuckoo_slots is the kernel's hash); the answers against torch."""
+    from opselect.kernels.isin import cuckoo
+
+    key_bits = 64 if dtype == torch.int64 else 32
+    n = 8
+    log_t = cuckoo.cuckoo_table_log2(n)
+    start = -(1 << 40) if key_bits == 64 else -5000
+    test = torch.tensor(colliding_keys(5, log_t, key_bits, start) + [11, 12, 13], dtype=dtype)
+    empty = torch.iinfo(dtype).min
+    table = torch.full(((1 << log_t) + 2 + n,), empty, dtype=dtype)
+    cuckoo._cuckoo_build_kernel[(1,)](test, table, n, log_t, key_bits=key_bits, build_block=1024)
+    slots = 1 << log_t
+    stashed = int(table[slots + 1]) - empty
+    assert stashed == 3
+    placed = table[:slots][table[:slots] != empty]
+    assert sorted(placed.tolist() + table[slots + 2: slots + 2 + stashed].tolist()) == sorted(
+        test.tolist())
+    elements = torch.cat([test, test + 1, torch.tensor([0, empty, -1], dtype=dtype)])
+    check(elements, test, "cuckoo")
+    check(elements, test, "cuckoo", invert=True)
+
+
+def test_cuckoo_short_kick_chains(cpu_triton, monkeypatch):
+    """One round before the stash: every key pushed out of its first slot by another ends in the
+    stash, on a random set and on one of many copies of a few values."""
+    import triton.language as tl
+
+    from opselect.kernels.isin import cuckoo
+
+    monkeypatch.setattr(cuckoo, "MAX_KICKS", tl.constexpr(1))
+    gen = torch.Generator().manual_seed(8)
+    test = random_values(1500, torch.int64, "cpu", gen=gen)
+    elements = torch.cat([test[::3], random_values(900, torch.int64, "cpu", gen=gen)])
+    check(elements, test, "cuckoo")
+    repeats = torch.tensor([7, -3, 9] * 300, dtype=torch.int32)
+    check(torch.arange(-20, 20, dtype=torch.int32), repeats, "cuckoo")
+
+
+@pytest.mark.slow  # (make test-all: 9 s; make test stays under 5 minutes on two cores)
 @pytest.mark.parametrize("kind", ["one value", "64 values", "wide int64", "float16 infs"])
 def test_large_test_sets_with_repeats(cpu_triton, kind):
     """Test sets large enough for the pre-insert launch (a strided subset inserted first, then
@@ -570,7 +648,7 @@ def test_gpu_random(cuda, backend, dtype):
         pytest.skip("integers only")
     gen = torch.Generator().manual_seed(1)
     for m, n in GPU_SIZES:
-        if backend == "compare" and n > 4096:
+        if not takes(backend, n):
             continue
         for narrow in (True, False):
             lo, hi = (0, 2 * n) if narrow else (None, None)
@@ -612,7 +690,7 @@ def test_gpu_bound_launches(cuda, backend, monkeypatch):
         if not supports(backend, dtype):
             continue
         for m, n in cases:
-            if backend == "compare" and n > 4096:
+            if not takes(backend, n):
                 continue
             for offset in (0, 1):  # 1: the elements start off 16 bytes
                 def fresh():
@@ -623,6 +701,32 @@ def test_gpu_bound_launches(cuda, backend, monkeypatch):
                     monkeypatch.setattr(Launcher, "verify", verify)
                     for _ in range(2):
                         check(*fresh(), backend)  # with a poisoned out= and without
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_gpu_cuckoo_stash_and_repeats(cuda, dtype):
+    """The GPU's build, many lanes exchanging at once: ten keys on one pair of slots (eight
+    end in the stash), a set of many copies of a few values, and 16,384 random values (the
+    bound) in 3M elements, with and without invert."""
+    from opselect.kernels.isin import cuckoo
+
+    key_bits = 64 if dtype == torch.int64 else 32
+    gen = torch.Generator().manual_seed(5)
+    n = 16
+    bad = colliding_keys(10, cuckoo.cuckoo_table_log2(n), key_bits, start=1 << 20)
+    test = torch.tensor(bad + list(range(6)), dtype=dtype, device=cuda)
+    elements = test[torch.randint(0, n, (1 << 20,), generator=gen).to(cuda)]
+    elements[::2] += 1
+    check(elements, test, "cuckoo")
+    check(elements, test, "cuckoo", invert=True)
+    repeats = torch.tensor([7, -3, 9] * 600, dtype=dtype, device=cuda)
+    check(torch.arange(-50, 50, dtype=dtype, device=cuda).repeat(1000), repeats, "cuckoo")
+    test = random_values(16384, dtype, "cpu", gen=gen).to(cuda)
+    elements = random_values(3_000_001, dtype, "cpu", gen=gen).to(cuda)
+    elements[::2] = test[torch.randint(0, 16384, (1_500_001,), generator=gen).to(cuda)]
+    check(elements, test, "cuckoo")
+    check(elements, test, "cuckoo", invert=True)
 
 
 @pytest.mark.gpu

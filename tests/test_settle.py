@@ -80,11 +80,11 @@ def _h200_model_on_the_cpu(monkeypatch):
 
 def test_cold_choice_depends_on_the_call_not_on_the_order(cpu_triton, monkeypatch):
     """Two isin calls in one shape bucket on which the model disagrees (8318 elements against
-    test sets of 600 and 900: compare, then hash, on an H200's constants): each gets its own
+    test sets of 400 and 510: compare, then cuckoo, on an H200's constants): each gets its own
     choice, whichever of the two comes first."""
     op = get_op("isin")
     elements = torch.arange(8318, dtype=torch.int32)
-    small, large = torch.arange(600, dtype=torch.int32), torch.arange(900, dtype=torch.int32)
+    small, large = torch.arange(400, dtype=torch.int32), torch.arange(510, dtype=torch.int32)
     assert op.prepare(elements, small).key == op.prepare(elements, large).key  # one bucket
     seen = []
     for first, second in ((small, large), (large, small)):
@@ -94,7 +94,7 @@ def test_cold_choice_depends_on_the_call_not_on_the_order(cpu_triton, monkeypatc
             assert torch.equal(ops.isin(elements, test), torch.isin(elements, test))
         seen.append({test.numel(): op.chosen(op.prepare(elements, test)).backend.name
                      for test in (first, second)})
-    assert seen[0] == seen[1] == {600: "compare", 900: "hash"}
+    assert seen[0] == seen[1] == {400: "compare", 510: "cuckoo"}
 
 
 def test_a_winner_by_device_time_that_loses_in_turns_is_not_chosen(cpu_triton, monkeypatch):

@@ -184,6 +184,30 @@ def hash_(call, model, plan=None, *, local_table_bytes: int = 0, block: int = 40
                           memory=_stream(call, model), build=build + pre_device, probes=probes)
 
 
+#: The cuckoo backend (kernels/isin/cuckoo.py), fitted to its H200 timings (fits/isin.md,
+#: "cuckoo"): seconds per element of a lookup in a table L1 holds (the hash, one or two slot
+#: reads, the compares) beyond the stream; the table bytes L1 holds; and the build's time (a
+#: fill launch, then rounds of atomic exchanges, which grow with the set up to a few rounds).
+CUCKOO_L1_PROBE_S = 1.0e-12
+CUCKOO_L1_BYTES = 128 * 1024
+CUCKOO_BUILD_S = 4e-6
+CUCKOO_BUILD_ROUNDS_S = 8e-6
+
+
+def cuckoo(call, model, plan):
+    """plan: the cuckoo backend's CuckooPlan. A key sits in one of two slots: a lookup reads one,
+    or two where the first missed (about 1.5 reads an element, not knowing the data); the reads
+    L1 does not hold go to L2."""
+    m, n = call.m, call.n
+    t_bytes = (1 << plan.table_log2) * plan.key_bits // 8
+    in_l1 = min(1.0, CUCKOO_L1_BYTES / t_bytes)
+    probes = m * CUCKOO_L1_PROBE_S + (1 - in_l1) * model.gather(1.5 * m, t_bytes)
+    build = (model.stream(t_bytes) + CUCKOO_BUILD_S + CUCKOO_BUILD_ROUNDS_S * min(1.0, n / 1024)
+             + _atomics(1.1 * n, t_bytes, model))
+    return model.estimate(OP, "cuckoo", triton=True, launch=2 * BOUND_LAUNCH + 2 * model.torch_launch,
+                          memory=_stream(call, model), build=build, probes=probes)
+
+
 #: A bitmap of a few words (8- and 16-bit keys: 8 and 2048 words) takes every test value's
 #: atomic OR on those words: updates of one word serialise, at about this many seconds each ...
 BITMAP_WORD_UPDATE_S = 1.2e-9

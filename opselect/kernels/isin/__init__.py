@@ -1,6 +1,6 @@
 """isin: is each element of `elements` among `test_elements`?
 
-Five algorithms, with M = elements.numel() and N = test_elements.numel():
+Six algorithms, with M = elements.numel() and N = test_elements.numel():
 
   torch    torch.isin (N passes over the elements when N is small, several sorts otherwise)
   compare  every element against every test element, one fused kernel: O(M * N), wins for tiny N
@@ -14,6 +14,9 @@ Five algorithms, with M = elements.numel() and N = test_elements.numel():
            max on the device and, when the range exceeds the bitmap's capacity (32 bits per test
            element, at most BITMAP_MAX_BITS), the same kernels use the hash set instead. The choice
            is made on the device: no host sync.
+  cuckoo   test sets of up to 16,384 values: a cuckoo hash table (each key in one of its two
+           slots, L1 holds up to 4,096 keys' table), built with atomic exchanges; a lookup reads
+           one slot, or two, no loop
 
 Semantics are torch's: NaN is never a member, -0.0 equals 0.0, a subnormal is itself. The kernels
 compare integer keys made from a value's bits, never floats (_value_key): float compares may flush
@@ -33,13 +36,15 @@ from ...heuristics import isin as cost
 from .bitmap import BitmapBackend, bitmap_capacity
 from .call import _SUPPORTED, SUPPORTED_DTYPES, IsinCall, _torch_isin, prepare, replay, sample
 from .compare import CompareBackend
+from .cuckoo import CuckooBackend
 from .hash import HashBackend
 from .search import SearchBackend
 
 
 # What other modules use (ops, routing, library, transforms, warm, tests).
 __all__ = ["OP", "IsinCall", "SUPPORTED_DTYPES", "_SUPPORTED", "prepare", "sample", "replay",
-           "bitmap_capacity", "CompareBackend", "SearchBackend", "HashBackend", "BitmapBackend"]
+           "bitmap_capacity", "CompareBackend", "SearchBackend", "HashBackend", "CuckooBackend",
+           "BitmapBackend"]
 
 OP = register(Op("isin", prepare, [
     TorchBackend(_torch_isin, cost.torch_, lambda call: functools.partial(
@@ -47,6 +52,7 @@ OP = register(Op("isin", prepare, [
     CompareBackend(),
     SearchBackend(),
     HashBackend(),
+    CuckooBackend(),
     BitmapBackend(),
 ], sample=sample, replay=replay, calibration=[
     ([[1 << 22], [32]], torch.int32, {}),
