@@ -88,13 +88,18 @@ def test_ab_isin_smoke(tmp_path, cpu_triton):
     assert not list((ROOT / "opselect" / "kernels" / "isin").glob("_before_*.py"))
 
 
-def _harness():
-    """benchmarks/harness.py as a module."""
-    spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("harness", module)  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+@pytest.mark.slow
+def test_ab_isin_backends_smoke(tmp_path, cpu_triton):
+    """ab_isin_backends.py checks every config of every backend against torch.isin before it
+    times them (an error exit on a wrong answer)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPSELECT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT), "OUT": str(tmp_path)}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_isin_backends.py"),
+                             "--smoke", "--rounds", "1", "--cases", "in 1024 int64"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "cuckoo/0" in result.stdout and "hash/0" in result.stdout, result.stdout
+    assert (tmp_path / "ab_isin_backends.json").exists()
 
 
 def test_merged_table_says_when_each_row_was_measured(tmp_path):
