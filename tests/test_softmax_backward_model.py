@@ -175,6 +175,21 @@ def test_cold_choice_under_autograd_counts_torchs_backward():
     assert "backward" in torch_c.parts and any("spatial" in n for n in torch_c.notes)
 
 
+def test_engine_host_time_decides_eager_not_graph_choices():
+    """4096 x 4096 bf16 under autograd on the H200: torch's kernels take 105.5 us, fused's 41.7,
+    and fused's forward + backward about 110 us of host time, torch's 84 (with the autograd
+    engine's own 40 us in both; fits/softmax.md, "AUTOGRAD_HOST"). Eager, max(host, device):
+    torch. Under a CUDA graph, device time alone: fused. Left out of both, the engine's time
+    made the model pick fused eager (71 us of host against torch's 100 of device)."""
+    call = _call((4096, 4096), -1, torch.bfloat16, grad=True)
+    assert get_op("softmax").what_if(call, H200).choice == "torch"
+    est = _estimates(call)
+    device = {name: sum(v for k, v in e.parts.items() if k != "launch") for name, e in est.items()}
+    assert min(device, key=device.get) == "fused" and device["torch"] > 2 * device["fused"]
+    assert est["fused"].parts["launch"] >= cost.AUTOGRAD_ENGINE_HOST + cost.AUTOGRAD_HOST
+    assert est["torch"].parts["launch"] >= cost.AUTOGRAD_ENGINE_HOST
+
+
 # The kernels each backward path launches (autograd.backward).
 PATH_KERNELS = {
     "rows in registers": {"_rows_bwd_kernel"},
