@@ -105,14 +105,14 @@ def _mul32(h, c):
 
 
 @triton.jit
-def _hash(key, log_t, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
-    """A slot in [0, 2**log_t), after folding a 64-bit key's high word into the low one.
+def _mix32(key, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
+    """A key's 32-bit hash, as uint32, after folding a 64-bit key's high word into the low one.
 
-    Integers: Fibonacci hashing (the top bits of key * 2**32 / phi), which spreads consecutive
-    keys (ids, narrow ranges) exactly evenly. Floats (murmur_mix): murmur3's finaliser. The bits of
-    floats of small integers differ only in a few high bits, and Fibonacci hashing clusters them
-    (mean linear-probing displacement 0.61 slots for 1e6 floats of integers below 2e6 at load
-    1/4, against 0.12 with the finaliser; measured on the CPU)."""
+    Integers: Fibonacci hashing (key * 2**32 / phi, whose top bits _hash takes), which spreads
+    consecutive keys (ids, narrow ranges) exactly evenly. Floats (murmur_mix): murmur3's
+    finaliser. The bits of floats of small integers differ only in a few high bits, and Fibonacci
+    hashing clusters them (mean linear-probing displacement 0.61 slots for 1e6 floats of integers
+    below 2e6 at load 1/4, against 0.12 with the finaliser; measured on the CPU)."""
     if key_bits == 64:
         h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -2048144789)  # fold in the high word
     else:
@@ -126,7 +126,13 @@ def _hash(key, log_t, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
         h = h ^ (h >> 16)
     else:
         h = _mul32(h, -1640531535)  # 0x9E3779B1
-    return (h >> (32 - log_t)).to(tl.int32)
+    return h
+
+
+@triton.jit
+def _hash(key, log_t, key_bits: tl.constexpr, murmur_mix: tl.constexpr):
+    """A slot in [0, 2**log_t): the top bits of _mix32."""
+    return (_mix32(key, key_bits, murmur_mix) >> (32 - log_t)).to(tl.int32)
 
 
 @triton.jit
@@ -341,6 +347,10 @@ class TritonBackend(PlannedBackend):
 
     def bind(self, call: IsinCall, config):
         return self._prepared(self.plan(call, config), call) if _bindable(call) else None
+
+    def plan_facts(self, call: IsinCall) -> tuple:
+        """What most isin plans depend on (search's adds whether offsets need 64 bits)."""
+        return call.elements.dtype, call.m, call.n, call.invert
 
     def _prepared(self, plan, call: IsinCall):
         """The prepared call of `call` under `plan`: isin(elements, test, out=None)."""

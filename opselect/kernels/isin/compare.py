@@ -112,9 +112,6 @@ class CompareBackend(TritonBackend):
 
         return _prepared_call(call, _reader(call.test), launches)
 
-    def plan_facts(self, call: IsinCall) -> tuple:
-        return call.elements.dtype, call.m, call.n, call.invert
-
     def make_plan(self, call: IsinCall, config, sms: int) -> ComparePlan:
         check_config(f"isin {self.name}", config, CONFIG_KEYS)
         n = call.n

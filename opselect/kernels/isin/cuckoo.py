@@ -31,7 +31,8 @@ import triton.language as tl
 from ...heuristics import isin as cost
 from .._common import cdiv, needs_int64
 from .call import IsinCall, _prepared_call, _reader
-from .common import TritonBackend, _blocks_per_program, _key_bits, _mul32, _to_key, check_config, plan_launcher
+from .common import (TritonBackend, _blocks_per_program, _key_bits, _mix32, _mul32, _to_key,
+                     check_config, plan_launcher)
 
 #: The most test values the backend takes (a table of 65,536 slots, 512 KB of 64-bit keys): on
 #: the H200 cuckoo was faster than hash up to here (16M elements in 16,384 values: 196 against
@@ -50,20 +51,10 @@ CUCKOO_BUILD_BLOCK = 128
 
 @triton.jit
 def _cuckoo_hash(key, log_t, key_bits: tl.constexpr):
-    """A key's two slots in [0, 2**log_t): murmur3's finaliser over the key (a 64-bit key's high
-    word folded in first), then the top bits of it (h1) and of it times a second odd constant
-    (h2). The finaliser spreads the bits of floats of small integers, which differ only in a few
-    high bits."""
-    if key_bits == 64:
-        h = key.to(tl.int32) ^ ((key >> 32).to(tl.int32) * -2048144789)
-    else:
-        h = key
-    h = h.to(tl.uint32, bitcast=True)
-    h = h ^ (h >> 16)
-    h = _mul32(h, -2048144789)  # 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = _mul32(h, -1028477387)  # 0xC2B2AE35
-    h = h ^ (h >> 16)
+    """A key's two slots in [0, 2**log_t): the top bits of its murmur3 hash (h1) and of that hash
+    times a second odd constant (h2). Murmur's finaliser, for integers too: what matters here is
+    that the two slots are independent, not that consecutive keys spread evenly."""
+    h = _mix32(key, key_bits, True)
     h1 = (h >> (32 - log_t)).to(tl.int32)
     h2 = (_mul32(h, 668265263) >> (32 - log_t)).to(tl.int32)  # 0x27D4EB2F
     return h1, h2
@@ -205,9 +196,6 @@ class CuckooBackend(TritonBackend):
             probe(x, table, out, m, log_t)
 
         return _prepared_call(call, _reader(call.test), launches)
-
-    def plan_facts(self, call: IsinCall) -> tuple:
-        return call.elements.dtype, call.m, call.n, call.invert
 
     def make_plan(self, call: IsinCall, config, sms: int) -> CuckooPlan:
         check_config(f"isin {self.name}", config, CONFIG_KEYS)

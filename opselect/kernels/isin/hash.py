@@ -132,9 +132,6 @@ class HashBackend(TritonBackend):
 
         return _prepared_call(call, _reader(call.test), launches)
 
-    def plan_facts(self, call: IsinCall) -> tuple:
-        return call.elements.dtype, call.m, call.n, call.invert
-
     def make_plan(self, call: IsinCall, config, sms: int) -> HashPlan:
         check_config(f"isin {self.name}", config, CONFIG_KEYS)
         dtype, m = call.elements.dtype, call.m
