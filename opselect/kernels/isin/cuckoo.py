@@ -14,7 +14,8 @@ the table at one of its two slots or carried by a lane, so nothing is lost. Afte
 MAX_KICKS rounds, a lane still carrying a key appends it to the stash, a list that every lookup
 compares against in full. Random sets at a quarter load never get there; a set built to collide
 (many keys with the same two slots) does, and stays correct, only slower (the stash is a linear
-scan). No host sync: the stash's length is read on the device.
+scan). The stash has room for every test value (a lane appends at most once), so it cannot
+overflow. No host sync: the stash's length is read on the device.
 
 The buffer (keys, the key type's minimum as the empty marker): [table | flag | stash length |
 stash]. flag: whether the marker's own value is a member; stash length: counted up from the
