@@ -32,7 +32,10 @@ def supports(backend: str, dtype: torch.dtype) -> bool:
 
 def takes(backend: str, n: int) -> bool:
     """Whether the backend takes a test set of n values (compare and cuckoo have a bound)."""
-    return n <= {"compare": 4096, "cuckoo": 16384}.get(backend, n)
+    from opselect.kernels.isin import compare, cuckoo
+
+    bounds = {"compare": compare.CompareBackend.MAX_N, "cuckoo": cuckoo.CUCKOO_MAX_KEYS}
+    return n <= bounds.get(backend, n)
 
 
 def check(elements, test, backend, *, invert=False, assume_unique=False):
