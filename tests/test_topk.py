@@ -450,6 +450,58 @@ def test_tournament_shared_and_single_rows(cpu_triton):
     assert plan.programs_per_row == 1 and plan.chunk > plan.tile
     run_forced("tournament", x, 40, shared, largest=False, sorted=False)
     run_forced("tournament", x, 1, single, largest=False)
+    # The other layout of each: shared rows with the selection in a second launch (the merge
+    # there), single rows fused.
+    assert not shared.get("apart") and single["apart"]
+    run_forced("tournament", x, 40, {**shared, "apart": True})
+    run_forced("tournament", x, 40, {**single, "apart": False}, largest=False)
+
+
+def overflowing_rows() -> dict:
+    """Rows on which more keys reach tournament's cut than its `compact` slots hold."""
+    same = torch.full((2, 3000), 7.0)
+    spiked = same.clone()
+    spiked[:, -3:] = torch.tensor([9.0, 10.0, 11.0])
+    return {
+        # in order: whole hot groups reach the cut; a higher cut is searched piece by piece
+        "up": torch.arange(3000.0).repeat(2, 1),
+        # ties at the cut before (in the hot list's order) the few keys above it, which must
+        # all be packed
+        "spiked": spiked,
+        # one value: nothing to narrow, ties fill k
+        "same": same,
+        # values in threes: ties at the higher cut
+        "threes": (torch.arange(3000) // 3).float().repeat(2, 1),
+    }
+
+
+def overflow_layouts(x: torch.Tensor, k: int):
+    """Each interpreter config of tournament, fused and with the selection apart."""
+    for config in configs_of("tournament", x, k):
+        for layout in (config, {**config, "apart": not config.get("apart", False)}):
+            plan = K.OP.backend("tournament").plan(K.prepare(x, k), layout)
+            assert plan.compact < plan.hot_groups * plan.group  # packing can overflow
+            assert plan.piece_groups < plan.hot_groups  # in several pieces
+            yield layout
+
+
+def test_tournament_more_keys_reach_the_cut_than_it_packs(cpu_triton):
+    rows = overflowing_rows()
+    for layout in overflow_layouts(rows["up"], 8):
+        run_forced("tournament", rows["up"], 8, layout)
+        run_forced("tournament", rows["spiked"], 8, layout)
+
+
+@pytest.mark.slow
+def test_tournament_overflowing_rows_both_ends(cpu_triton):
+    rows = overflowing_rows()
+    for layout in overflow_layouts(rows["up"], 8):
+        run_forced("tournament", rows["up"].flip(-1), 8, layout, largest=False)
+        run_forced("tournament", rows["up"], 8, layout, sorted=False)
+        run_forced("tournament", -rows["spiked"], 8, layout, largest=False)
+        for name in ("same", "threes"):
+            run_forced("tournament", rows[name], 8, layout)
+            run_forced("tournament", rows[name].flip(-1), 8, layout, largest=False)
 
 
 def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
@@ -1108,10 +1160,13 @@ def test_first_config_follows_the_h200_tuning(shape, backend, first):
     call.info = H200  # a compiled GPU's configs, not the interpreter's
     configs = K.OP.backend(backend).configs(call)
     assert configs[0] == first
-    # tournament's 2048-element tiles are tuned only where rows are split over programs
-    shared = backend == "tournament" and shape[0] < 2 * H200.sm_count
-    assert len(configs) == 3 + shared
+    # tournament's 2048-element tiles are tuned only where rows are split over programs, its
+    # selection apart (a second launch) only where they are not
+    tournament = backend == "tournament"
+    shared = tournament and shape[0] < 2 * H200.sm_count
+    assert len(configs) == 3 + tournament
     assert ({"tile_max": 2048} in configs) == shared
+    assert ({"apart": True, "select_warps": 2} in configs) == (tournament and not shared)
 
 
 def test_radix_plans_stay_in_bounds():
@@ -1171,23 +1226,28 @@ def test_gpu_every_dtype(cuda, dtype):
 @pytest.mark.gpu
 def test_gpu_tournament_vocabulary_rows_every_config(cuda):
     # Sampling batches at their real sizes, under every config (shared rows, single rows,
-    # 2048-element tiles): random rows take the packed candidates, rows in order and a few
-    # distinct values overflow them and keep the whole gathered tile; NaN and inf sprinkled.
+    # 2048-element tiles, the selection apart) and the selection apart on shared rows too:
+    # random rows take the packed candidates; rows in order, a few distinct values and ties
+    # under a few larger values overflow them and search a higher cut over the hot groups;
+    # NaN and inf sprinkled.
     g = torch.Generator(device=cuda).manual_seed(0)
     for shape, k, dtype in (((64, 128000), 50, torch.float32), ((8, 128256), 50, torch.bfloat16),
                             ((100, 100003), 256, torch.float16),
                             ((4096, 32000), 50, torch.bfloat16)):
-        for kind in ("random", "sorted", "ties", "specials"):
+        for kind in ("random", "sorted", "ties", "spiked", "specials"):
             x = torch.randn(shape, device=cuda, generator=g)
             if kind == "sorted":
                 x = torch.sort(x, dim=-1).values
             elif kind == "ties":
                 x = torch.randint(0, 7, shape, device=cuda, generator=g).float()
+            elif kind == "spiked":
+                x = torch.full(shape, 3.0, device=cuda)
+                x[:, -k // 2:] = torch.arange(k // 2, device=cuda) + 10.0
             elif kind == "specials":
                 x[:, ::997] = float("nan")
                 x[:, 5::1013] = float("inf")
             x = x.to(dtype)
-            for config in configs_of("tournament", x, k):
+            for config in configs_of("tournament", x, k) + [{"apart": True}]:
                 run_forced("tournament", x, k, config)
                 run_forced("tournament", x, k, config, largest=False)
 

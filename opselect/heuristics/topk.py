@@ -336,6 +336,8 @@ def tournament(call, model, plan):
     R, N, k, s = _sizes(call)
     sms = max(1, model.sm_count)
     parts, host = _one_launch(call, model)
+    if plan.apart:
+        host += BOUND_LAUNCH  # the selection's launch (its device time is left in the one model)
     programs = R * plan.programs_per_row
     waves = _waves(programs, sms, plan.num_warps)
     # The input once, the group maxima written and read back (through L2, often not DRAM),
