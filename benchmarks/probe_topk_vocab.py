@@ -2,15 +2,17 @@
 time only (do_bench, L2 flushed), the variants interleaved over rounds (median of the rounds'
 medians, and their spread).
 
-The tournament backend's kernel cut short: its source is copied to a temporary module with a
-constexpr STOP, so `tourn-stop1` is the pass over the data with the group maxima stores,
-`stop2` adds the cut among the maxima, `stop3` the hot groups' selection; the full kernel adds
-the row's merge and the outputs. Differences place the time. `--before COMMIT` adds the same
-variants of that commit's kernel (`stop4` is its whole kernel), interleaved with this tree's.
-`read floor` reads the same chunks with the same programs and keeps a max per lane, nothing
-else: what the pass over the data could cost.
+This tree's tournament in its configs (fused; `apart`: the selection as a second launch) and
+`tourn-pass`, the pass launch alone (stages 1 and 2: the group maxima and the cut). `--before
+COMMIT` adds an older, one-kernel tournament cut short: its source is copied to a temporary
+module with a constexpr STOP, so `stop1 before` is the pass over the data with the group maxima
+stores, `stop2` adds the cut among the maxima, `stop3` the hot groups' selection, `stop4` is its
+whole kernel (the row's merge and the outputs). Differences place the time. `read floor` reads
+the same chunks with the same programs and keeps a max per lane, nothing else: what the pass
+over the data could cost.
 
     python benchmarks/probe_topk_vocab.py [--rounds 3] [--before HEAD] [--json out.json]
+    python benchmarks/probe_topk_vocab.py --configs '{"p1024": {"piece_max": 1024}}'
 """
 
 from __future__ import annotations
@@ -48,17 +50,17 @@ _CUTS = [
 ]
 
 
-def tournament_cut_short(stop: int, src: str | None = None):
-    """The tournament module (this tree's, or the source `src`) with its kernel ending after
-    stage `stop` (1-3; 4: the whole kernel)."""
-    if src is None:
-        src = (pathlib.Path(K.__file__).parent / "tournament.py").read_text()
+def tournament_cut_short(stop: int, src: str):
+    """The tournament module of the source `src` (one kernel, before 2026-11-29) with its
+    kernel ending after stage `stop` (1-3; 4: the whole kernel)."""
     src = (src.replace("from ...heuristics", "from opselect.heuristics")
               .replace("from .._common", "from opselect.kernels._common")
               .replace("from .call", "from opselect.kernels.topk.call")
               .replace("from .common", "from opselect.kernels.topk.common"))
     for anchor, where, text in _CUTS:
-        assert anchor in src, anchor
+        if anchor not in src:
+            raise SystemExit("--before: a one-kernel tournament.py (before 2026-11-29) is cut "
+                             f"short at fixed lines, and this one lacks {anchor.strip()!r}")
         src = src.replace(anchor, anchor + text if where == "after" else text + anchor)
     src = src.replace("# Kernels: tournament\n", f"# Kernels: tournament\nSTOP = tl.constexpr({stop})\n", 1)
     path = pathlib.Path(tempfile.mkdtemp()) / f"tournament_stop{stop}_{abs(hash(src))}.py"
@@ -94,6 +96,18 @@ def read_floor(x, programs_per_row, chunk, tile=8192, num_warps=4):
                                                             num_warps=num_warps)
 
 
+def pass_alone(module, plan, x, k):
+    """The pass launch of tournament's plan (made with the selection apart) on rows x: stages 1
+    and 2 alone, on a workspace of its own."""
+    R, N = x.shape
+    ws = torch.zeros(plan.workspace_elements, dtype=torch.int64, device=x.device)
+    values = torch.empty(R, k, dtype=x.dtype, device=x.device)
+    indices = torch.empty(R, k, dtype=torch.int64, device=x.device)
+    ints = (N, plan.row_stride, k, plan.chunk, plan.programs_per_row, plan.flip)
+    launch = module._TOURNAMENT_PASS.bind(plan, (R, plan.programs_per_row), x.device.index)
+    return lambda: launch(x, ws, *plan.workspace_offsets, values, indices, *ints)
+
+
 def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=60) * 1e3
 
@@ -107,8 +121,10 @@ def main() -> None:
                     help="a commit, or a file holding an older tournament.py: its kernel too "
                          "(a file where git is absent, as on the lent GPU)")
     ap.add_argument("--only", default="", help="comma list: only the variants named so")
+    ap.add_argument("--configs", default="{}",
+                    help='JSON {"name": config}: tournament under these configs too')
     args = ap.parse_args()
-    stages = {s: tournament_cut_short(s) for s in (1, 2, 3)}
+    stages = {}
     if args.before:
         if pathlib.Path(args.before).is_file():
             old_src = pathlib.Path(args.before).read_text()
@@ -118,6 +134,7 @@ def main() -> None:
                 capture_output=True, text=True, check=True).stdout
         stages.update({f"{s} before": tournament_cut_short(s, old_src) for s in (1, 2, 3, 4)})
     tournament = K.OP.backend("tournament")
+    from opselect.kernels.topk import tournament as tournament_module
     results = {}
     for shape, k, dtype in CASES:
         label = f"{'x'.join(map(str, shape))} {str(dtype)[6:]} k={k}"
@@ -130,9 +147,15 @@ def main() -> None:
                     "torch": lambda: torch.topk(x, k)}
         if tournament.supports(tc) is None:
             variants["tournament"] = lambda: tournament.run(tc, {})
+            variants["apart"] = lambda: tournament.run(tc, {"apart": True, "select_warps": 2})
+            for name, config in json.loads(args.configs).items():
+                if tournament.plan(tc, config).reason is None:
+                    variants[name] = lambda config=config: tournament.run(tc, config)
             for s, b in stages.items():
                 variants[f"tourn-stop{s}"] = lambda b=b: b.run(tc, {})
             plan = tournament.plan(tc, {})
+            variants["tourn-pass"] = pass_alone(tournament_module, tournament.plan(
+                tc, {"apart": True}), x, k)
             variants["read floor"] = read_floor(x, plan.programs_per_row, plan.chunk,
                                                 plan.tile, plan.num_warps)
         variants["maxima"] = lambda: K.OP.backend("maxima").run(tc, {})
@@ -140,7 +163,9 @@ def main() -> None:
             variants = {n: f for n, f in variants.items() if n in args.only.split(",")}
         checks = {}
         for name, fn in variants.items():
-            if name in ("tournament", "tourn-stop4 before", "maxima"):
+            # every whole topk (the cut-short stages and other ops leave no answer to check)
+            partial = name.startswith("tourn-") and name != "tourn-stop4 before"
+            if not (partial or name in ("amax", "clone", "torch", "read floor")):
                 vals, idx = fn()
                 checks[name] = bool(torch.equal(vals, ref.values)
                                     and torch.equal(x.gather(-1, idx), vals))
