@@ -475,10 +475,12 @@ def overflowing_rows() -> dict:
     }
 
 
-def overflow_layouts(x: torch.Tensor, k: int):
-    """Each interpreter config of tournament, fused and with the selection apart."""
+def overflow_layouts(x: torch.Tensor, k: int, both: bool = True):
+    """Each interpreter config of tournament as it is, and (both) with the other layout (fused
+    or the selection apart)."""
     for config in configs_of("tournament", x, k):
-        for layout in (config, {**config, "apart": not config.get("apart", False)}):
+        other = {**config, "apart": not config.get("apart", False)}
+        for layout in (config, other) if both else (config,):
             plan = K.OP.backend("tournament").plan(K.prepare(x, k), layout)
             assert plan.compact < plan.hot_groups * plan.group  # packing can overflow
             assert plan.piece_groups < plan.hot_groups  # in several pieces
@@ -486,8 +488,9 @@ def overflow_layouts(x: torch.Tensor, k: int):
 
 
 def test_tournament_more_keys_reach_the_cut_than_it_packs(cpu_triton):
+    # (the interpreter's first config is fused, its second apart: both layouts)
     rows = overflowing_rows()
-    for layout in overflow_layouts(rows["up"], 8):
+    for layout in overflow_layouts(rows["up"], 8, both=False):
         run_forced("tournament", rows["up"], 8, layout)
         run_forced("tournament", rows["spiked"], 8, layout)
 
@@ -496,6 +499,8 @@ def test_tournament_more_keys_reach_the_cut_than_it_packs(cpu_triton):
 def test_tournament_overflowing_rows_both_ends(cpu_triton):
     rows = overflowing_rows()
     for layout in overflow_layouts(rows["up"], 8):
+        run_forced("tournament", rows["up"], 8, layout)
+        run_forced("tournament", rows["spiked"], 8, layout)
         run_forced("tournament", rows["up"].flip(-1), 8, layout, largest=False)
         run_forced("tournament", rows["up"], 8, layout, sorted=False)
         run_forced("tournament", -rows["spiked"], 8, layout, largest=False)
@@ -515,8 +520,16 @@ def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
     for config in configs_of("tournament", x, 8):
         plan = run_forced("tournament", x, 8, config)
         assert -(-min(3000, plan.chunk) // plan.group) > plan.hot_groups
-        run_forced("tournament", x, 8, config, largest=False)
         run_forced("tournament", sprinkled, 8, config)
+
+
+@pytest.mark.slow
+def test_tournament_tied_maxima_smallest_and_unsorted(cpu_triton):
+    x = torch.randint(0, 3, (2, 3000)).float()
+    sprinkled = x.clone()
+    sprinkled[:, ::700] = 10.0 + torch.arange(5.0)
+    for config in configs_of("tournament", x, 8):
+        run_forced("tournament", x, 8, config, largest=False)
         run_forced("tournament", sprinkled, 8, config, sorted=False)
 
 
