@@ -33,8 +33,9 @@ Seven algorithms; a call is seen as R rows of N elements (the dim moved last) an
            SM; `split`: the same in two launches (samples first) where programs may not wait
            (the interpreter, OPSELECT_TOPK_COOP=0); `fused` (as many rows as SMs or more): one
            program per row does everything; `direct` (rows of one tile): select from the row.
-  tournament  per chunk, the maxima of groups of a few elements cut the chunk to its 2k hot groups;
-           the last program of a shared row merges the chunks' winners (small k)
+  tournament  per chunk, the maxima of groups of a few elements cut the chunk to its 2k hot groups,
+           read again in pieces; the last program of a shared row merges the chunks' winners
+           (small k). One launch, or two (config apart: the pass, then the selection)
   maxima   one cut for a whole row from supergroup maxima: launch 1 reads the row once (group
            and supergroup maxima, no search, no wait), launch 2 gathers the groups that reach
            the cut and the row's programs rank the ~1.2 k candidates into place together
