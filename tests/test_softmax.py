@@ -209,6 +209,34 @@ def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
                    backend="online coop")
 
 
+def test_cooperative_counters_move_on_and_wrap(cpu_triton):
+    """The arrival counters are never reset: each launch moves every row's counter on by the
+    padded programs per row, and a row is complete at the next multiple of it. Five launches in
+    a row from 0, from just below int32's wrap-around and from -8 (crossing 0): each right, each
+    counter moved on by exactly that much. (A counter off its multiples, or a completion never
+    seen, would leave rows waiting: on the interpreter they reread their rows, so the answers
+    alone would not tell.)"""
+    from opselect.kernels.softmax import online
+
+    x = torch.randn(3, 1100) * 5
+    x[1, 700:] = float("-inf")
+    call = sm.SOFTMAX_OP.prepare(x, -1)
+    plan = online.coop_fwd_plan(call, 256, 4, call.info.sm_count)
+    coop, split = plan.forward, plan.programs_per_row
+    step = coop.split_padded
+    assert (split, step) == (5, 8)
+    launch = online._COOP_FWD.bind(coop, (3 * split,), call.info.index)
+    for start in (0, (1 << 31) - 2 * step, -step):
+        counters = torch.full((3,), start, dtype=torch.int32)
+        partials = torch.empty(2 * 3 * split)
+        for i in range(1, 6):
+            y = torch.full_like(x, float("nan"))
+            launch(x, y, partials, counters, *coop.ints)
+            assert_matches(y, x, -1, False, backend=f"coop from {start}, launch {i}")
+            moved = (start + i * step + (1 << 31)) % (1 << 32) - (1 << 31)  # int32 arithmetic
+            assert counters.tolist() == [moved] * 3, (start, i)
+
+
 def test_cooperative_split_limits(cpu_triton, monkeypatch):
     """A row is shared by at most min(64, SMs) programs: more could not be relied on to run at
     once (the wait would give up and reread rows)."""
@@ -229,6 +257,32 @@ def test_cooperative_split_limits(cpu_triton, monkeypatch):
     assert sm.OnlineBackend.coop_configs(gpu_call(66117, 132))[0] == {"chunk": 8192,
                                                                       "num_warps": 8}
     assert sm.OP.backend("online").configs(gpu_call(66117, 132))[0]["chunk"] == 8192
+
+
+def test_cooperative_register_cap_and_first_chunk(cpu_triton):
+    """ptxas's register cap goes only where it lets one more program onto an SM (a chunk's
+    elements a thread + 24, against the 8 more ptxas takes alone), never on rows off the grid
+    or float64; 16-bit rows of at most 16 chunks of 4096 run 4096 x 4 warps first."""
+    from opselect.kernels.softmax import online
+
+    assert online.coop_registers(4096, 8, 0, False) == 40  # 6 programs an SM, not 5
+    assert online.coop_registers(8192, 16, 0, False) == 40  # 3, not 2
+    assert online.coop_registers(4096, 4, 0, False) == 56  # 9, not 8
+    assert online.coop_registers(8192, 8, 0, False) is None  # 4 either way
+    assert online.coop_registers(16384, 16, 0, False) is None  # 2 either way
+    assert online.coop_registers(4096, 8, 8, False) is None  # shifted vectors spill
+    assert online.coop_registers(4096, 8, 0, True) is None  # float64 spills
+
+    def first(n, dtype):
+        call = sm.prepare_softmax(torch.empty(2, n, dtype=dtype), -1)
+        call.info = dataclasses.replace(call.info, type="cuda", index=0, sm_count=132)
+        return sm.OnlineBackend.coop_configs(call)[0]
+
+    assert first(32000, torch.bfloat16) == {"chunk": 4096, "num_warps": 4}
+    assert first(65536, torch.float16) == {"chunk": 4096, "num_warps": 4}
+    assert first(65537, torch.float16) == {"chunk": 8192, "num_warps": 8}  # 17 chunks
+    assert first(32000, torch.float32) == {"chunk": 8192, "num_warps": 8}
+    assert first(128256, torch.bfloat16) == {"chunk": 8192, "num_warps": 8}
 
 
 def test_cooperative_config_outside_its_limits(cpu_triton, monkeypatch):

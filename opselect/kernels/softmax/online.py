@@ -119,9 +119,16 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, 
     which runs programs one by one), the program reads its row again to compute the statistics
     itself: slower, never wrong, never hung.
 
-    count_ptr holds each row's arrivals, then its departures; the last program to leave a row
-    sets both back to 0, so the counters are zero at every launch with no memset (they belong
-    to one stream: launches on it never overlap).
+    count_ptr holds one arrival counter a row, never reset: each launch adds split_padded to it
+    (the row's first program adds split_padded - split + 1, the others 1), so a program's
+    arrival returns a count in [base, base + split_padded) with base a multiple of
+    split_padded, and the row is complete when the counter reaches base + split_padded. The
+    arrival's own answer tells the row's last program that it is last (it does not poll), and
+    no program pays a departure or a reset (int32 wrap-around keeps the multiples, a power of
+    two dividing 2**32). Launches on the counters' stream never overlap, so no program sees
+    another launch's arrivals. (Before, a second counter counted departures and the last
+    program zeroed both: 3-16% slower on vocabulary rows, fits/softmax.md, "online: the
+    exchange".)
 
     vector > 0: packed rows off the 16-byte grid, in 16-byte vectors (common._shifted_rows): the
     chunks cut the row from its first whole vector on; the row's first program also takes the
@@ -158,13 +165,15 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, 
     tl.store(part_ptr + rows * split + slot + one, total + tl.zeros([1], total.dtype))
     tl.debug_barrier()  # every thread's stores precede the release below
     arrivals = count_ptr + row
-    tl.atomic_add(arrivals, 1, sem="release")
-    arrived = tl.atomic_add(arrivals, 0, sem="acquire")
+    step = tl.where(part == 0, split_padded - split + 1, 1)
+    before = tl.atomic_add(arrivals, step, sem="acq_rel")
+    complete = (before & -split_padded) + split_padded  # (wraps with the counter)
+    arrived = before + step
     polls = tl.full([], 0, tl.int32)
-    while (arrived < split) & (polls < spin_limit):
+    while (arrived != complete) & (polls < spin_limit):
         arrived = tl.atomic_add(arrivals, 0, sem="acquire")
         polls += 1
-    if arrived >= split:
+    if arrived == complete:
         k = tl.arange(0, split_padded)
         used = k < split
         pm = tl.load(part_ptr + row * split + k, mask=used, other=float("-inf"),
@@ -196,10 +205,6 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, 
         tl.store(y_ptr + tail, _cast_for(_finish(t, row_max, row_sum, log), y_ptr), mask=in_tail)
     else:
         tl.store(y_row + offs, _cast_for(out, y_ptr), mask=mask)
-    departures = count_ptr + rows + row
-    if tl.atomic_add(departures, 1, sem="acq_rel") == split - 1:
-        tl.atomic_xchg(arrivals, 0, sem="relaxed")
-        tl.atomic_xchg(departures, 0, sem="relaxed")
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,6 +246,7 @@ class CoopPlan:
     offsets_64bit: bool
     num_warps: int
     vector: int = 0  # elements per 16-byte vector of rows off the grid (heuristics' vector_shift)
+    max_registers: int | None = None  # ptxas's cap a thread (None: its own choice)
 
     @property
     def split_padded(self) -> int:
@@ -270,11 +276,14 @@ class OnlinePlan:
 _ONLINE_FWD = plan_launcher(_online_fwd_kernel)
 _SPLIT_STATS = plan_launcher(_split_stats_kernel)
 _SPLIT_NORM = plan_launcher(_split_norm_kernel)
-_COOP_FWD = plan_launcher(_coop_fwd_kernel)
+_COOP_FWD = plan_launcher(_coop_fwd_kernel, maxnreg="max_registers")
 
 
 # A cooperative row has at most this many chunks (a program each, all running at once).
 COOP_MAX_SPLIT = 64
+
+# 16-bit rows of at most this many chunks of 4096 take 4096 x 4 warps first (coop_configs).
+COOP_SHORT_SPLIT = 16
 
 
 COOP_SPIN_LIMIT = 1 << 20
@@ -304,9 +313,43 @@ def coop_fwd_plan(call: SoftmaxCall, chunk: int, warps: int, sms: int) -> Online
     spin = 1 if call.info.interpreted else COOP_SPIN_LIMIT
     fallback = min(chunk, 64 * 32 * warps // 16)
     i64 = needs_int64(call.numel + chunk, rows * sx + n, 2 * rows * split)
+    vector = cost.vector_shift(call)
     return OnlinePlan(coop_plan(_read_dtype(call), call.out_dtype, ints, a, call.log, call.f64,
-                                chunk, spin, fallback, i64, warps, cost.vector_shift(call)),
+                                chunk, spin, fallback, i64, warps, vector,
+                                coop_registers(chunk, warps, vector, call.f64)),
                       None, split)
+
+
+# Registers a thread of the cooperative kernel needs beyond one for each element of its chunk
+# (the exchange's counters, the addresses, the masks): ptxas's cap is the sum.
+COOP_REGISTER_SLACK = 24
+
+
+def coop_registers(chunk: int, warps: int, vector: int, f64: bool) -> int | None:
+    """ptxas's register cap for the cooperative kernel, or None for ptxas's own choice.
+
+    Programs an SM are what the kernel's speed follows (each holds its chunk while it waits for
+    the row's others), and ptxas, left alone, takes about 8 registers more than the chunk
+    needs: triton 3.6, float32 chunks of 4096 on 8 warps, 48 registers (5 programs an SM)
+    where 40 hold it with no spill (6); 8192 on 16 warps, 51 (2) where 40 do (3). The cap is
+    set only where it lets one more program in: where it does not (16-bit chunks of 8192 on 8
+    warps: 4 programs either way) it cost up to 9% (fits/softmax.md, "online: the exchange").
+    Rows off the 16-byte grid (their head and tail) and float64 spill under the cap, so they
+    keep ptxas's choice."""
+    if vector or f64:
+        return None
+    threads = 32 * warps
+    cap = chunk // threads + COOP_REGISTER_SLACK
+
+    def programs(registers: int) -> int:
+        return min(REGISTERS_PER_SM // (threads * registers), THREADS_PER_SM // threads)
+
+    return cap if programs(cap) > programs(cap + 8) else None
+
+
+# An SM's register file and threads (Hopper, Ampere): what sets programs an SM above.
+REGISTERS_PER_SM = 65536
+THREADS_PER_SM = 2048
 
 
 def online_fwd_plan(call: SoftmaxCall, block: int, warps: int, split: int) -> OnlinePlan:
@@ -340,10 +383,10 @@ def _coop_fwd(plan: OnlinePlan, call: SoftmaxCall):
     acc = torch.float64 if call.f64 else torch.float32
     launch = _COOP_FWD.bind(plan.forward, (rows * split,), call.info.index)
     new_y = allocator(tuple(call.x.shape), call.out_dtype, device)
-    # Per row: the programs' maxima, then their sums; arrivals, then departures.
+    # Per row: the programs' maxima, then their sums; its arrival counter.
     new_partials = allocator((2 * rows * split,), acc, device)
     buffers = per_stream(device, lambda: (new_partials(),
-                                          torch.zeros(2 * rows, dtype=torch.int32, device=device)))
+                                          torch.zeros(rows, dtype=torch.int32, device=device)))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if read is not None:
@@ -416,9 +459,14 @@ class OnlineBackend(ForwardBackend):
         """Cooperative rows (one read): chunks of 4K-16K values (the first whose row fits in one
         program per SM is what the cold model runs). 8192 x 8 warps first: it was the fastest
         chunk on vocabulary rows from 64 to 4096 rows, 4096 on fewer rows
-        (benchmarks/results/h200/fits/softmax.md, "online: cooperative chunk order")."""
+        (benchmarks/results/h200/fits/softmax.md, "online: cooperative chunk order"); 4096 x 4
+        first for 16-bit rows of at most 16 such chunks, where its register cap lets 9
+        programs an SM in (8192 x 50304 fp16: 549 us against 619; 16384 x 32000 bf16: 657
+        against 726; "online: the exchange")."""
         wide = 2 if call.f64 else 1
-        shapes = ((8192, 8), (4096, 4), (4096, 8), (16384, 16))  # (chunk, warps)
+        shapes = [(8192, 8), (4096, 4), (4096, 8), (16384, 16)]  # (chunk, warps)
+        if call.x.element_size() == 2 and cdiv(call.n, 4096) <= COOP_SHORT_SPLIT:
+            shapes[:2] = shapes[1::-1]
         return [{"chunk": c // wide, "num_warps": w} for c, w in shapes
                 if coop_split(call, c // wide)]
 
