@@ -429,8 +429,8 @@ def multirow(call, model):
 
 
 #: Time a wave of cooperative programs of 16K-element chunks spends waiting for the row's other
-#: chunks (a guess: a few polls of an L2 atomic after the slowest sibling's load) ...
-COOP_WAIT_S = 2e-6
+#: chunks (fitted to 12 vocabulary rows, fits/softmax.md "online: the exchange") ...
+COOP_WAIT_S = 1.75e-6
 #: ... which scales with the chunk, as the sibling's load does (float64 chunks count double).
 COOP_WAIT_CHUNK = 16384
 
