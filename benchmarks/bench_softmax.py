@@ -15,6 +15,7 @@ as a geometric mean, and rows of >= 1024 elements at >= 85% of the copy bandwidt
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -236,7 +237,7 @@ def run_backward(smoke: bool, argv: list[str]) -> dict | None:
     rows = []
     for shape, dim, dtype in (SMOKE_BACKWARD if smoke else BACKWARD):
         name = _name(shape, dim, dtype, suffix=" fwd+bwd")
-        if args.filter and args.filter not in name:
+        if not harness.selected(args, name):
             continue
         torch.manual_seed(0)
         x = op.sample([list(shape)], dtype, {"dim": dim}, device)[0][0]
@@ -273,6 +274,14 @@ def run_backward(smoke: bool, argv: list[str]) -> dict | None:
         g_holder[0] = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if not rows:  # (--filter took no backward case: the saved results stay as they are)
+        return None
+    if args.merge:  # this run's rows over the saved ones, case by case, in the saved order
+        path = harness.RESULTS / harness.gpu_slug(device) / "softmax_backward.json"
+        saved = json.loads(path.read_text())["rows"] if path.exists() else []
+        rows = harness.fold_by_case(saved, rows)
+        for row in rows:
+            harness._derive(row, op, bw)
     summary = harness._summarise(rows, bw)
     summary.update(targets(rows, summary))
     result = {"op": "softmax (forward + backward)", "device": torch.cuda.get_device_name(device)

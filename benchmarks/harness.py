@@ -193,8 +193,7 @@ def run(suite: Suite, argv: list[str] | None = None) -> dict:
     started = time.monotonic()
     left: list[str] = []
     for index, case in enumerate(suite.cases):
-        if args.filter and not any(case.name == part[:-1] if part.endswith("$") else part in case.name
-                                   for part in args.filter.split("|")):
+        if not selected(args, case.name):
             continue
         if index % parts != part - 1:
             continue
@@ -354,6 +353,20 @@ def time_in_turns(timed: dict[str, tuple[Callable[[], Any], str | None]], time_o
                 enter_cache(cache_dir)
             best[name] = min(time_once(fn), best.get(name, float("inf")))
     return best
+
+
+def selected(args: argparse.Namespace, name: str) -> bool:
+    """Whether --filter takes the case `name` (a|b|c: any part; a part ending in $: the whole
+    name)."""
+    return not args.filter or any(name == part[:-1] if part.endswith("$") else part in name
+                                  for part in args.filter.split("|"))
+
+
+def fold_by_case(saved: list[dict], rows: list[dict]) -> list[dict]:
+    """A table with no Suite (softmax's backward) merged: each saved row this run measured
+    again replaced by the new one, in the saved order; the run's new cases after them."""
+    ran = {r["case"]: r for r in rows}
+    return [ran.pop(r["case"], r) for r in saved] + list(ran.values())
 
 
 def _merged(path: Path, rows: list[dict], suite: Suite, bw: float) -> list[dict]:

@@ -130,6 +130,21 @@ def test_merged_table_says_when_each_row_was_measured(tmp_path):
     assert "o, 2026-11-28. Copy" in harness.markdown(result, suite).splitlines()[2]
 
 
+def test_filter_and_fold_of_a_table_without_a_suite():
+    """--filter's a|b|c and whole-name parts; softmax's backward table merged case by case (a
+    filtered run once saved that table with no rows)."""
+    harness = _harness()
+    args = harness.parse_args(["--filter", "x50257|4Kx4K float32$"])
+    assert harness.selected(args, "4Kx50257 bfloat16 fwd+bwd")
+    assert harness.selected(args, "4Kx4K float32")
+    assert not harness.selected(args, "4Kx4K float32 fwd+bwd")
+    assert harness.selected(harness.parse_args([]), "anything")
+    saved = [{"case": c, "ms": {"torch": 1.0}} for c in "abc"]
+    folded = harness.fold_by_case(saved, [{"case": "d", "ms": {}}, {"case": "b", "ms": {}}])
+    assert [(r["case"], r["ms"]) for r in folded] == [("a", {"torch": 1.0}), ("b", {}),
+                                                      ("c", {"torch": 1.0}), ("d", {})]
+
+
 def _row(case: str, pct: dict) -> dict:
     """A row as the harness derives it: a provider without a time is None in ms and absent from
     pct_copy_bw."""
