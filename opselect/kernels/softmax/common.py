@@ -298,14 +298,18 @@ def _warps(elements: int) -> int:
     return max(1, min(16, next_pow2(elements) // 512))
 
 
+def programs_per_sm(warps: int, registers: int) -> int:
+    """Programs of `warps` warps and `registers` a thread that an SM holds at once: limited by
+    its warps (64) and registers (64K); at least 1, counted up to 16."""
+    return max(1, min(64 // warps, 65536 // (registers * 32 * warps), 16))
+
+
 def _resident(sm_count: int, warps: int, elements: int, f64: bool) -> int:
-    """A guess at how many programs run at once: limited by warps (64 per SM) and registers (64K
-    per SM). Registers per thread ~ 24 + 1.25 per 32-bit value held (fitted to ptxas's counts for
-    these kernels on sm_90)."""
+    """A guess at how many programs run at once (programs_per_sm). Registers per thread ~ 24 +
+    1.25 per 32-bit value held (fitted to ptxas's counts for these kernels on sm_90)."""
     per_thread = elements / (warps * 32) * (2 if f64 else 1)
     regs = min(255, 8 * math.ceil((24 + 1.25 * per_thread) / 8))
-    per_sm = max(1, min(64 // warps, 65536 // (regs * 32 * warps), 16))
-    return sm_count * per_sm
+    return sm_count * programs_per_sm(warps, regs)
 
 
 def _tiles_per_program(tiles: int, resident: int) -> int:

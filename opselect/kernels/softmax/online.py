@@ -17,7 +17,7 @@ from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
                      _read_dtype, _reader, _row_and_part, _rows_reason, _vector_window,
-                     plan_launcher)
+                     plan_launcher, programs_per_sm)
 
 
 # online takes rows longer than this (shorter ones are the fused and multirow backends' job).
@@ -338,18 +338,8 @@ def coop_registers(chunk: int, warps: int, vector: int, f64: bool) -> int | None
     keep ptxas's choice."""
     if vector or f64:
         return None
-    threads = 32 * warps
-    cap = chunk // threads + COOP_REGISTER_SLACK
-
-    def programs(registers: int) -> int:
-        return min(REGISTERS_PER_SM // (threads * registers), THREADS_PER_SM // threads)
-
-    return cap if programs(cap) > programs(cap + 8) else None
-
-
-# An SM's register file and threads (Hopper, Ampere): what sets programs an SM above.
-REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
+    cap = chunk // (32 * warps) + COOP_REGISTER_SLACK
+    return cap if programs_per_sm(warps, cap) > programs_per_sm(warps, cap + 8) else None
 
 
 def online_fwd_plan(call: SoftmaxCall, block: int, warps: int, split: int) -> OnlinePlan:
