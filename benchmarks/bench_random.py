@@ -16,7 +16,8 @@ counts where a call is host-bound), for:
 
   torch          the plain torch op (also the `torch` backend's time)
   <backend>      every other backend that supports the call, run with its tuned config
-                 (Op.decide(call, tune=True) on an empty tune cache)
+                 (Op.decide(call, tune=True) on an empty tune cache), through its prepared
+                 call as auto runs it (since 2026-11-29; before, through Backend.run)
   auto-cold      the public op, decided by the unfitted cost model (empty tune cache)
   auto-fitted    the same, with the model fitted on --fit-seed (report seed only)
   auto-tuned     the public op after one call in tuning mode (the call's bucket measured)
