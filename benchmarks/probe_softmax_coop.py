@@ -1,28 +1,30 @@
-"""Probe (issue 35): where the cooperative softmax's time goes on vocabulary rows, and two
-rewrites of it, timed in turns on one GPU.
+"""Probe (issue 35): where the cooperative softmax's time goes on vocabulary rows, and the
+rewrites of its exchange that were tried, timed in turns on one GPU.
 
 The library's cooperative kernel (opselect/kernels/softmax/online.py) holds a row's chunk, and its
-exp, in registers: one read and one write an element. It still reaches only about 64% of the copy
-bandwidth on 4096 x 128256 bfloat16. A program's life is its load, then a chain of round trips
-to L2 (its arrival, a poll, the partial statistics, its departure) during which it moves no data
-and holds its registers; with about four programs an SM that chain is the suspect. Variants:
+exp, in registers: one read and one write an element. Its programs wait for the row's other
+chunks' (max, sum) before they write. Variants (fits/softmax.md, "online: the exchange", has the
+numbers):
 
-- lib: the library's kernel (chunk / warps).
-- lean: the same exchange with fewer round trips. The arrival's atomic returns the count, so the
-  row's last program does not poll; the counters are never reset (each launch adds a power of two
-  to a row's counter, and a program waits for the next multiple of it), so there is no departure.
-- pipe: lean in persistent programs: groups of a row's programs walk the rows, and each program
-  loads its chunk of the group's next row before it waits for this row's other chunks.
+- lib: the library's kernel at a chunk / warps, with its register cap; lib-free: the same
+  without the cap (ptxas's own register count).
+- before (--before FILE): the kernel of an earlier online.py, loaded from its source.
+- nosync: the same program shape without the exchange (each chunk normalised by its own
+  statistics: a wrong answer, the floor of the shape). It runs at the copy's speed where the
+  library ran at 66%: the exchange, not the shape, costs the third.
 
-A first run (2026-11-29, fits/softmax_coop_probe.json) also had "pairs" (16-bit rows read as int32
-pairs and kept so, for fewer registers; the exp taken again when writing): slower than lean
-everywhere (4096 x 128256 bf16: 926 us at best against 764), and ptxas gave it as many registers
-(63 against 64 at 8192 x 8 warps); and nosync ran at 100% of the copy where lean ran at 66%:
-the exchange, not the program shape, costs the third.
-- nosync: lean without the exchange (each chunk normalised by its own statistics: a wrong answer,
-  the floor of this program shape).
-- reread: programs that do not hold their chunk: a pass over it in blocks (one exp an element),
-  the exchange, then a second pass, backwards, reading the chunk from L2 and writing.
+With --tried, the variants that lost:
+- lean: the exchange as the library now has it (the arrival's answer tells the last program it
+  is last; the counter moves on by a power of two a launch, never reset), written here; leandep:
+  lean with the old departure counter and reset.
+- tagged: no atomics: each program's (max, sum) one 64-bit word, the launch's tag in the sum's
+  two lowest bits, polled until every word of the row carries it.
+- pipe / ptag: lean / tagged in persistent programs, groups of a row's programs walking the rows,
+  each loading the group's next row's chunk before it waits.
+- reread: programs that hold no chunk: a pass over it, the exchange, a second pass from L2.
+(A first run also had 16-bit rows held as int32 pairs: ptxas gave them as many registers, 63
+against 64, and they were slower everywhere; the variant is gone, its data in
+fits/softmax_coop_probe_pairs_pipe.json.)
 
     python benchmarks/probe_softmax_coop.py          # on the GPU: a table, JSON under $OUT
     python benchmarks/probe_softmax_coop.py --tried  # also the variants that lost
