@@ -13,6 +13,7 @@ over the data could cost.
 
     python benchmarks/probe_topk_vocab.py [--rounds 3] [--before HEAD] [--json out.json]
     python benchmarks/probe_topk_vocab.py --configs '{"p1024": {"piece_max": 1024}}'
+    python benchmarks/probe_topk_vocab.py --registers 80,88   # under ptxas register caps too
 """
 
 from __future__ import annotations
@@ -50,26 +51,51 @@ _CUTS = [
 ]
 
 
+def _absolute_imports(src: str) -> str:
+    """tournament.py's source with its package's relative imports made absolute (loaded as a
+    module of its own)."""
+    return (src.replace("from ...heuristics", "from opselect.heuristics")
+               .replace("from .._common", "from opselect.kernels._common")
+               .replace("from .call", "from opselect.kernels.topk.call")
+               .replace("from .common", "from opselect.kernels.topk.common"))
+
+
+def _load(src: str, stem: str):
+    path = pathlib.Path(tempfile.mkdtemp()) / f"{stem}_{abs(hash(src))}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tournament_capped(registers: int):
+    """This tree's tournament module, loaded again (kernels compiled apart from the library's),
+    with ptxas's register cap on the fused kernel and the pass: does one more program an SM
+    pay? (triton 3.6, 4096 x 32000 bf16 k = 50: 95-96 registers at 4 warps, 5 programs an SM;
+    80 holds them with no spill, 6.) Returns the module."""
+    from opselect.kernels.topk import tournament
+
+    mod = _load(_absolute_imports(pathlib.Path(tournament.__file__).read_text()),
+                f"tournament_r{registers}")
+    for launcher in (mod._TOURNAMENT, mod._TOURNAMENT_PASS):
+        own = launcher.plan_constexprs
+        launcher.plan_constexprs = lambda plan, own=own: {**own(plan), "maxnreg": registers}
+    return mod
+
+
 def tournament_cut_short(stop: int, src: str):
     """The tournament module of the source `src` (one kernel, before 2026-11-29) with its
     kernel ending after stage `stop` (1-3; 4: the whole kernel)."""
-    src = (src.replace("from ...heuristics", "from opselect.heuristics")
-              .replace("from .._common", "from opselect.kernels._common")
-              .replace("from .call", "from opselect.kernels.topk.call")
-              .replace("from .common", "from opselect.kernels.topk.common"))
+    src = _absolute_imports(src)
     for anchor, where, text in _CUTS:
         if anchor not in src:
             raise SystemExit("--before: a one-kernel tournament.py (before 2026-11-29) is cut "
                              f"short at fixed lines, and this one lacks {anchor.strip()!r}")
         src = src.replace(anchor, anchor + text if where == "after" else text + anchor)
     src = src.replace("# Kernels: tournament\n", f"# Kernels: tournament\nSTOP = tl.constexpr({stop})\n", 1)
-    path = pathlib.Path(tempfile.mkdtemp()) / f"tournament_stop{stop}_{abs(hash(src))}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
-    return mod.TournamentBackend()
+    return _load(src, f"tournament_stop{stop}").TournamentBackend()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +149,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list: only the variants named so")
     ap.add_argument("--configs", default="{}",
                     help='JSON {"name": config}: tournament under these configs too')
+    ap.add_argument("--registers", default="",
+                    help="comma list: tournament, apart and the pass alone again under each of "
+                         "these ptxas register caps (rN)")
     args = ap.parse_args()
+    capped = {int(r): tournament_capped(int(r)) for r in args.registers.split(",") if r}
     stages = {}
     if args.before:
         if pathlib.Path(args.before).is_file():
@@ -156,6 +186,11 @@ def main() -> None:
             plan = tournament.plan(tc, {})
             variants["tourn-pass"] = pass_alone(tournament_module, tournament.plan(
                 tc, {"apart": True}), x, k)
+            for r, mod in capped.items():
+                b = mod.TournamentBackend()
+                variants[f"tournament r{r}"] = lambda b=b: b.run(tc, {})
+                variants[f"apart r{r}"] = lambda b=b: b.run(tc, {"apart": True, "select_warps": 2})
+                variants[f"tourn-pass r{r}"] = pass_alone(mod, b.plan(tc, {"apart": True}), x, k)
             variants["read floor"] = read_floor(x, plan.programs_per_row, plan.chunk,
                                                 plan.tile, plan.num_warps)
         variants["maxima"] = lambda: K.OP.backend("maxima").run(tc, {})
