@@ -74,9 +74,8 @@ def per_stream(device, make: Callable[[], tuple]) -> Callable[[], tuple]:
     """A function () -> make()'s buffers for the current stream, made once per stream: the
     counters that kernels whose programs wait for each other count arrivals in (zeroed again by
     their last program out, or moved on by a fixed step every launch, so no memset runs per
-    call) and scratch written and read within one
-    launch (no allocation per call). One set per stream, because launches on one stream never
-    overlap, and launches on two may. While a stream is captured into a CUDA graph every call
+    call) and scratch written and read within one launch (no allocation per call). One set per
+    stream, because launches on one stream never overlap, and launches on two may. While a stream is captured into a CUDA graph every call
     gets a set of its own, which the graph keeps (its replays may run on another stream)."""
     device = torch.device(device)
     index = device.index if device.index is not None else 0
