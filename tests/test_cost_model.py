@@ -153,6 +153,37 @@ def test_torch_spatial_softmax_walks_small_tensors_faster():
     assert 60e-3 < big < 160e-3, big
 
 
+def test_torch_softmax_rows_follow_atens_paths():
+    """torch's softmax over the last dim, as ATen dispatches it (SoftMax.cu's host_softmax) and
+    as bench_random measured it on the H200 (seed 1, 2026-11-29):
+      - rows of 2049 to 9216 elements take the register path, two 1024-thread blocks an SM, in
+        waves: 1634 x 4662 float32 took 28.9 us (the bytes at the copy bandwidth: 14.9), and
+        981 x 4183 bfloat16 16.1 us. One row more than two waves' worth costs a third wave.
+      - rows up to 2048 elements (8 KB) take the warp path: 30582 x 1395 float32 took 92.5 us,
+        18587 x 1520 bfloat16 66.1 (its elements, not its bytes, set its time).
+      - only float16 -> float32 is widened inside the kernel; bfloat16 is cast first."""
+    op = get_op("softmax")
+    model = defaults_for(H200)
+
+    def predicted(shape, x_dtype=torch.float32, out_dtype=None):
+        call = op.prepare(torch.empty(shape, dtype=x_dtype, device="meta"), -1, dtype=out_dtype)
+        return {c.name: c for c in op.plan(call, model, check_device=False)}["torch"]
+
+    reg = predicted((1634, 4662)).predicted_s
+    assert 24e-6 < reg < 34e-6, reg  # (18.6 us before the register path was its own)
+    assert 12e-6 < predicted((981, 4183), torch.bfloat16).predicted_s < 20e-6
+    warp = predicted((30582, 1395)).predicted_s
+    assert 80e-6 < warp < 110e-6, warp
+    assert 55e-6 < predicted((18587, 1520), torch.bfloat16).predicted_s < 80e-6
+    # A thin last wave: 2 x 264 rows + 1 cost about what 3 x 264 do.
+    at_once = 2 * H200.sm_count
+    two, thin = (predicted((r, 8192)).predicted_s for r in (2 * at_once, 2 * at_once + 1))
+    assert thin > 1.4 * two, (two, thin)
+    # float16 -> float32 is one kernel; bfloat16 -> float32 casts first (a part of its own).
+    assert "cast" not in predicted((4096, 4096), torch.float16, torch.float32).parts
+    assert "cast" in predicted((4096, 4096), torch.bfloat16, torch.float32).parts
+
+
 def test_matmul_roofline_bounds():
     """matmul / linear on the H200's defaults: no backend is predicted faster than its bytes at
     the copy bandwidth or its FLOPs at the dense peak; a decode product is memory-bound (the

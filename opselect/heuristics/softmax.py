@@ -10,18 +10,13 @@ The part named `launch` is host time (the model takes the longer of host and dev
 allocations, and under grad the autograd.Function and engine.
 
 Under autograd (call.grad) tuning times the forward and the backward (kernels/softmax/autograd.py,
-`_with_backward`), so every estimate adds the backward the backend runs, as parts named
-`backward*` and host time in `launch`:
-  - the Triton backends all run autograd.backward(): y and dy read and dx written once (rows or
-    strided tiles in registers), or a pass over dy (and y, for softmax) for the sum and a second,
-    reversed one that finds part of it in L2 (long rows, split rows, long strided dims);
-  - torch runs softmax_backward_data: softmax first forms dy * y (an elementwise op of three
-    passes), then a kernel reads that product and y and writes dx (the block-per-row and spatial
-    kernels read the product twice: a sum pass, then the write pass); log_softmax's kernel reads
-    dy directly. torch's spatial kernels (softmax over a non-last dim) walk the dim serially in
-    each thread, which bounds them by latency rather than bandwidth.
-  - A narrowing dtype= cast done by torch first is undone on the gradient (dx read, written again).
-The autograd engine's own host time, the same whichever backend ran, is charged to every one.
+`_with_backward`), so every estimate adds its backward as parts named `backward*` (host time in
+`launch`): the Triton backends' autograd.backward() reads y and dy and writes dx once, or sums in a
+first pass and re-reads partly from L2 in a second (long rows, split rows, long strided dims);
+torch's softmax_backward_data forms dy * y first (softmax only), reads it twice on the block and
+spatial paths (a sum pass, a write pass), and on the spatial path walks the dim serially in each
+thread (latency, not bandwidth). A narrowing dtype= cast done by torch first is undone on the
+gradient. The autograd engine's own host time, the same whichever backend ran, is charged to all.
 
 The constants are first guesses from the kernels' structure, except those fitted to measured
 calls, which name their heading in benchmarks/results/h200/fits/softmax.md. `opselect calibrate`
@@ -32,19 +27,19 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .device_model import ALLOCATION, BOUND_LAUNCH
 
 SATURATING_FRACTION = 0.6  # of the SMs, each running one large program, that saturate DRAM
 #: Fraction of L2 that re-reads can count on (the rest holds other traffic and the output).
 L2_USABLE = 0.5
-#: Latency of one fused tile (load, two block reductions, store) others cannot overlap.
+#: Latency of one fused tile (load, two block reductions, store) others cannot overlap, and of a
+#: multirow tile (its reductions stay inside a warp or two).
 FUSED_TILE_S = 0.6e-6
-#: The same for a multirow tile (its reductions stay inside a warp or two).
 MULTIROW_TILE_S = 0.4e-6
-#: Misaligned rows (no 16-byte vector access) move data at this fraction of the aligned rate.
-UNALIGNED_EFF = 0.85
-#: Fraction of the copy bandwidth a single-pass Triton kernel reaches.
-TRITON_EFF = 0.92
+UNALIGNED_EFF = 0.85  # rows off the 16-byte grid (no vector access): of the aligned rate
+TRITON_EFF = 0.92  # of the copy bandwidth, a single-pass Triton kernel
 #: Host seconds of a Triton backend's call beyond its launches and allocations: what a repeated
 #: fused call took beyond them (fits/softmax.md, "TRITON_GLUE_HOST").
 TRITON_GLUE_HOST = 3.5e-6
@@ -54,15 +49,17 @@ TRITON_GLUE_HOST = 3.5e-6
 #: max(host, device) a shared host term still decides between host- and device-bound calls.
 AUTOGRAD_HOST = 40e-6
 AUTOGRAD_ENGINE_HOST = 40e-6
-#: torch's softmax kernels: fraction of the copy bandwidth they reach on their best path.
-TORCH_WARP_EFF = 0.85  # rows <= 1024: a warp per row, persistent
-TORCH_BLOCK_EFF = 0.80  # a block per row, row in registers or shared memory
+#: torch's softmax kernels (aten/src/ATen/native/cuda/SoftMax.cu): the fraction of the copy
+#: bandwidth each path reaches. A warp per row (up to 2048 elements and 8 KB; 1024 and 4 KB when it
+#: widens half to float), else a 1024-thread block per row with the row in registers (up to
+#: TORCH_REG_MAX elements; not half to float), in shared memory (under 48 KB, whole 16-byte
+#: vectors) or read three times. On every row path a 16-bit element takes about a 32-bit one's
+#: time: the bytes charged an element (fits/softmax.md, "TORCH_BLOCK_ELEMENT_BYTES").
+TORCH_WARP_EFF = 0.85
+TORCH_BLOCK_EFF = 0.80
+TORCH_REG_EFF = 0.60  # two blocks an SM, in waves (fits/softmax.md, "torch's register path")
 TORCH_SPATIAL_READS = 2.0  # softmax over a non-last dim: three passes, about one served by L2
-#: torch's register path takes rows up to this many elements; its shared-memory path rows up to
-#: 48 KB (and a multiple of the 16-byte vector); longer rows read the input three times.
 TORCH_REG_MAX = 9216
-#: ... and on that block-per-row path a 16-bit row costs about as much as a 32-bit one: the
-#: bytes the model charges an element there (fits/softmax.md, "TORCH_BLOCK_ELEMENT_BYTES").
 TORCH_BLOCK_ELEMENT_BYTES = 4
 TORCH_SMEM_BYTES = 48 * 1024
 
@@ -98,8 +95,7 @@ TORCH_SPATIAL_L1_BYTES = 64 * 1024
 #: a step measured on such calls (fits/softmax.md, "TORCH_SPATIAL_SMALL_STEP_S").
 TORCH_SPATIAL_SMALL_STEP_S = 0.1e-6
 TORCH_SPATIAL_SMALL_BYTES = 1 << 20
-#: Threads an SM holds at once (Ampere and Hopper): how many columns torch's spatial kernels walk
-#: at the same time.
+#: Threads an SM holds at once (Ampere, Hopper): the columns torch's spatial kernels walk at once.
 SM_THREADS = 2048
 
 
@@ -346,8 +342,8 @@ def torch_(call, model, plan=None):
     e_x, e_out = call.x.dtype.itemsize, call.out_dtype.itemsize
     parts: dict[str, float] = {}
     e_in = e_x
-    # torch casts first, except half -> float on CUDA, which its kernels fuse.
-    fused_cast = e_x == 2 and e_out == 4
+    # torch casts first, except half -> float on CUDA, which its kernels fuse (not bfloat16).
+    fused_cast = call.x.dtype == torch.float16 and call.out_dtype == torch.float32
     if call.x.dtype != call.out_dtype and not fused_cast:
         parts["cast"] = model.stream(numel * (e_x + e_out))
         host += _torch_launch(model)
@@ -356,14 +352,17 @@ def torch_(call, model, plan=None):
         parts["copy"] = model.stream(2 * numel * e_in)
         host += _torch_launch(model)
     if call.inner == 1:
-        if n <= 1024 and n * e_in <= 4096:
-            reads, eff = 1.0, TORCH_WARP_EFF
-        elif n <= TORCH_REG_MAX or (n * e_in < TORCH_SMEM_BYTES and (n * e_in) % 16 == 0):
-            # A block per row, its time set by the elements more than their bytes: a 16-bit row
-            # is charged as a 32-bit one (TORCH_BLOCK_ELEMENT_BYTES). Under autograd too: the
-            # backward is its own part (fits/softmax.md, "TORCH_BLOCK_ELEMENT_BYTES").
-            slow_bytes = max(e_in, TORCH_BLOCK_ELEMENT_BYTES)
-            reads, eff = 1.0, TORCH_BLOCK_EFF * e_in / slow_bytes
+        narrow = e_in / max(e_in, TORCH_BLOCK_ELEMENT_BYTES)  # (TORCH_BLOCK_ELEMENT_BYTES)
+        warp_max = 1024 if fused_cast else 2048
+        if n <= warp_max and n * e_in <= 4 * warp_max:
+            reads, eff = 1.0, TORCH_WARP_EFF * narrow
+        elif n <= TORCH_REG_MAX and not fused_cast:
+            # Two blocks an SM at a time: rows go in waves, of which the last may be thin.
+            at_once = 2 * model.sm_count
+            full = call.outer / (math.ceil(call.outer / at_once) * at_once)
+            reads, eff = 1.0, TORCH_REG_EFF * narrow * (full if call.outer > at_once else 1.0)
+        elif n * e_in < TORCH_SMEM_BYTES and (n * e_in) % 16 == 0:
+            reads, eff = 1.0, TORCH_BLOCK_EFF * narrow
         else:
             # max pass, sum pass, write pass: the re-reads hit L2 only when the rows in flight fit.
             in_flight = min(call.outer, 2 * model.sm_count) * n * e_in
