@@ -365,8 +365,36 @@ def test_strided_configs(cpu_triton, config):
     x[2, :20, 0] = float("-inf")
     for log in (False, True):
         assert_matches(run_config(x, 1, log, "strided", config), x, 1, log, backend="strided")
+        # The same tile over the rows of a transposed tensor, read in place as its columns and
+        # written as rows (the output contiguous, as torch's is).
+        xc = x.permute(0, 2, 1)
+        got = run_config(xc, -1, log, "strided", config)
+        assert got.is_contiguous()
+        assert_matches(got, xc, -1, log, backend="strided columns")
     bi, bn, single = sm._strided_plan(37, 5, 3, 4, 2, config["inner_block"], config["tile"])
     assert single == (config["tile"] >= 64 * bi) and bi <= 8 and (single or bn < 37)
+
+
+def test_columns_edges_and_gradient(cpu_triton):
+    """Rows of a transposed tensor through strided, read in place as its columns: special
+    values (NaN, +-inf, a row all -inf, -0.0), float16 widened to float32, and the gradient
+    under autograd (the backward runs on the forward's output, whose rows are contiguous)."""
+    torch.manual_seed(8)
+    m = torch.randn(33, 6) * 4
+    m[3, 0] = float("nan")
+    m[:, 1] = float("-inf")
+    m[7, 2], m[8, 2], m[9, 3] = float("inf"), float("inf"), -0.0
+    x = m.t()  # 6 rows of 33, elements 6 apart
+    assert sm.prepare_softmax(x, -1).columns == (1, 6, 0)
+    for log in (False, True):
+        assert_matches(ops.softmax(x, -1, backend="strided") if not log else
+                       ops.log_softmax(x, -1, backend="strided"), x, -1, log, backend="strided")
+        xh = x.half()
+        assert_matches(fn(log)(xh, -1, dtype=torch.float32, backend="strided"), xh, -1, log,
+                       dtype=torch.float32, backend="strided")
+        xg = (torch.randn(4, 30, 7) * 2).transpose(1, 2)
+        got, ref = grads(xg, -1, log, "strided", torch.randn(4, 7, 30))
+        assert_grad(got, ref, torch.float32, "strided columns")
 
 
 def test_multirow_configs(cpu_triton):
@@ -458,6 +486,9 @@ def layouts():
         "permuted-mid": (base.permute(1, 0, 2), 1),          # strided over dim 1
         "inner-slice": (base[:, :, :7], 1),                  # strided, inner rows with a gap
         "channels-last": (torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), 1),
+        "columns": (torch.randn(10, 24).t(), -1),            # rows of a transposed matrix
+        "batched-columns": (base.transpose(1, 2), -1),       # ... of each of 4 matrices
+        "columns-sliced": (torch.randn(12, 40)[:, 3:30].t(), -1),  # ... of a slice
     }
 
 
@@ -488,6 +519,16 @@ def test_layout_analysis():
     assert sm.prepare_softmax(base.half(), -1, dtype=torch.float32).fast  # widening: fused
     c = sm.prepare_softmax(base, 1)
     assert (c.outer, c.n, c.inner) == (4, 6, 10)
+    # Rows whose elements lie apart, read in place by strided as columns: (outer, inner, outer
+    # stride) with the dims before the softmax dim as inner; a key of their own.
+    assert sm.prepare_softmax(torch.randn(10, 24).t(), -1).columns == (1, 24, 0)
+    c = sm.prepare_softmax(base.transpose(1, 2), -1)
+    assert (c.columns, c.sn, c.key[6]) == ((4, 10, 60), 10, "columns")
+    assert sm.prepare_softmax(torch.randn(12, 40)[:, 3:30].t(), -1).columns == (1, 27, 0)
+    assert sm.prepare_softmax(base.transpose(0, 2), -1).columns is None  # inner dims reversed
+    assert sm.prepare_softmax(base.transpose(1, 2), -1, dtype=torch.float16).columns is None
+    assert sm.prepare_softmax(base, -1).columns is None
+    assert sm.prepare_softmax(torch.randn(5, 1).t(), -1).columns is None  # rows of one
 
 
 @settings(max_examples=25, deadline=None)
@@ -963,7 +1004,9 @@ def test_gpu_edges_and_layouts(cuda):
             assert_matches(fn(log)(xt, 0, backend="strided"), xt, 0, log, backend="strided")
     base = torch.randn(64, 96, 130, device=cuda)
     for x, dim in ((base.transpose(0, 2), -1), (base[:, :, 3:120], -1), (base[::3], -1),
-                   (base.permute(1, 0, 2), 1), (base[:, :, :77], 1)):
+                   (base.permute(1, 0, 2), 1), (base[:, :, :77], 1), (base.transpose(1, 2), -1),
+                   (base[0].t(), -1), (base[:, 5:90, 7].t(), -1),
+                   (torch.randn(3000, 40000, device=cuda, dtype=torch.bfloat16).t(), -1)):
         for backend in TRITON:
             call = sm.prepare_softmax(x, dim)
             if get_op("softmax").backend(backend).supports(call) is None:

@@ -118,7 +118,10 @@ EDGES = {
                   # rows off the 16-byte grid: cooperative and multirow (shifted vectors),
                   # fused (element by element)
                   ([[4, 50257]], torch.bfloat16, {}), ([[6, 1001]], torch.float16, {}),
-                  ([[64, 37]], torch.float16, {})],
+                  ([[64, 37]], torch.float16, {}),
+                  # rows of a transposed matrix: strided reads them in place as its columns
+                  ([[64, 3000]], torch.float16, {"transposed": True}),
+                  ([[5, 7, 300]], torch.float32, {"transposed": True})],
     "permute": [([[1, 3]], torch.float32, {"dims": [1, 0]}), ([[2, 1, 3]], torch.float32,
                                                                 {"dims": [2, 1, 0]})],
 }

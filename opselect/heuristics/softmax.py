@@ -1,4 +1,5 @@
-"""Cost model of the softmax / log_softmax backends: roofline terms per backend, in seconds.
+"""Cost model of softmax / log_softmax's Triton backends: roofline terms per backend, in seconds
+(torch's own op: softmax_torch.py; what the two share: softmax_shared.py).
 
 Every backend must read the input and write the output once (numel * (in + out) bytes); they differ
 in how many more passes they make over the input (torch's long-row kernel reads a row three times,
@@ -27,13 +28,9 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .device_model import ALLOCATION, BOUND_LAUNCH
+from .softmax_shared import AUTOGRAD_ENGINE_HOST, L2_USABLE, busy, input_copy, op_name, torch_launch
 
-SATURATING_FRACTION = 0.6  # of the SMs, each running one large program, that saturate DRAM
-#: Fraction of L2 that re-reads can count on (the rest holds other traffic and the output).
-L2_USABLE = 0.5
 #: Latency of one fused tile (load, two block reductions, store) others cannot overlap, and of a
 #: multirow tile (its reductions stay inside a warp or two).
 FUSED_TILE_S = 0.6e-6
@@ -45,24 +42,8 @@ TRITON_EFF = 0.92  # of the copy bandwidth, a single-pass Triton kernel
 TRITON_GLUE_HOST = 3.5e-6
 #: Host seconds, forward and backward together (fits/softmax.md, "AUTOGRAD_HOST"): the Python
 #: autograd.Function around the Triton backends (torch's is C++), beyond their launches and
-#: allocations; and the autograd engine's own work, charged to every backend, since under
-#: max(host, device) a shared host term still decides between host- and device-bound calls.
+#: allocations (the engine's own work: AUTOGRAD_ENGINE_HOST, charged to every backend).
 AUTOGRAD_HOST = 40e-6
-AUTOGRAD_ENGINE_HOST = 40e-6
-#: torch's softmax kernels (aten/src/ATen/native/cuda/SoftMax.cu): the fraction of the copy
-#: bandwidth each path reaches. A warp per row (up to 2048 elements and 8 KB; 1024 and 4 KB when it
-#: widens half to float), else a 1024-thread block per row with the row in registers (up to
-#: TORCH_REG_MAX elements; not half to float), in shared memory (under 48 KB, whole 16-byte
-#: vectors) or read three times. On every row path a 16-bit element takes about a 32-bit one's
-#: time: the bytes charged an element (fits/softmax.md, "TORCH_BLOCK_ELEMENT_BYTES").
-TORCH_WARP_EFF = 0.85
-TORCH_BLOCK_EFF = 0.80
-TORCH_REG_EFF = 0.60  # two blocks an SM, in waves (fits/softmax.md, "torch's register path")
-TORCH_SPATIAL_READS = 2.0  # softmax over a non-last dim: three passes, about one served by L2
-TORCH_REG_MAX = 9216
-TORCH_BLOCK_ELEMENT_BYTES = 4
-TORCH_SMEM_BYTES = 48 * 1024
-
 # -- The backward under autograd ----------------------------------------------------------------
 #: Host seconds of the Triton backward's Python (checks, layout arithmetic), timed with its launches
 #: stubbed out (fits/softmax.md, "BWD_PYTHON_HOST"); its launches and allocations come on top.
@@ -83,42 +64,15 @@ BWD_STRIDED_TILE = 8192
 #: discount included): measured strided backwards moved their bytes at about half the forward's
 #: rate (fits/softmax.md, "STRIDED_BWD_EFF").
 STRIDED_BWD_EFF = 0.5
-#: Seconds of a step of the serial walk down the dim each thread of torch's spatial kernels makes
-#: (softmax over a non-last dim) past TORCH_SPATIAL_SMALL_BYTES: a dependent load from L2 or DRAM,
-#: fitted to measured backward times (fits/softmax.md, "TORCH_SPATIAL_STEP_S").
-TORCH_SPATIAL_STEP_S = 0.3e-6
-#: ... and where the tensor fits in an SM's L1 (TORCH_SPATIAL_L1_BYTES): a few tens of ns at most,
-#: a bound from a tiny measured call (fits/softmax.md, "TORCH_SPATIAL_CACHED_STEP_S").
-TORCH_SPATIAL_CACHED_STEP_S = 0.03e-6
-TORCH_SPATIAL_L1_BYTES = 64 * 1024
-#: ... and up to about 1 MB (as float32), whose lines stay near the SMs: within the 0.06-0.12 us
-#: a step measured on such calls (fits/softmax.md, "TORCH_SPATIAL_SMALL_STEP_S").
-TORCH_SPATIAL_SMALL_STEP_S = 0.1e-6
-TORCH_SPATIAL_SMALL_BYTES = 1 << 20
-#: Threads an SM holds at once (Ampere, Hopper): the columns torch's spatial kernels walk at once.
-SM_THREADS = 2048
 
 
-def _name(call) -> str:
-    return "log_softmax" if call.log else "softmax"
-
-
-def _busy(model, programs: float) -> float:
-    """Fraction of DRAM bandwidth reachable with this many concurrently running programs."""
-    return min(1.0, max(programs, 1) / (SATURATING_FRACTION * model.sm_count))
-
-
-def _torch_launch(model) -> float:
-    return getattr(model, "torch_launch", model.launch)
-
-
-def _host(call, model, *, kernels: int = 1, allocations: int = 1) -> float:
+def _host(call, model, *, kernels: int = 1, allocations: int = 1, in_place: bool = False) -> float:
     """Host seconds of a Triton backend: its launches (bound: kernels/_common.py), torch
-    allocations, the cast or copy done by torch first, the autograd.Function, and the Python
-    around them as measured (TRITON_GLUE_HOST)."""
+    allocations, the cast or copy done by torch first (none where the kernel reads the layout
+    in place), the autograd.Function, and the Python around them (TRITON_GLUE_HOST)."""
     host = TRITON_GLUE_HOST + kernels * BOUND_LAUNCH + allocations * ALLOCATION
-    if call.cast_first or not call.fast:
-        host += _torch_launch(model)
+    if call.cast_first or not (call.fast or in_place):
+        host += torch_launch(model)
     if call.grad:
         host += AUTOGRAD_HOST
     return host
@@ -131,7 +85,7 @@ def _prepass(call, model) -> dict:
     if call.cast_first:
         return {"cast": model.stream(n * (e_x + call.out_dtype.itemsize))}
     if not call.fast:
-        return {"copy": model.stream(2 * n * e_x)}
+        return {"copy": input_copy(call, model, e_x)}
     return {}
 
 
@@ -197,7 +151,7 @@ def _triton_backward(call, model) -> tuple[dict, float, str]:
     e_dx = e_y if call.cast_first else call.x.dtype.itemsize
     # What the sum pass reads, when the sum and dx take two passes: dy, and y for softmax.
     sum_bytes = e_y if call.log else 2 * e_y
-    host = AUTOGRAD_ENGINE_HOST + BWD_PYTHON_HOST + BOUND_LAUNCH + _torch_launch(model)  # dx
+    host = AUTOGRAD_ENGINE_HOST + BWD_PYTHON_HOST + BOUND_LAUNCH + torch_launch(model)  # dx
     parts: dict[str, float] = {}
     step = n if inner == 1 else inner
     eff = TRITON_EFF * (1.0 if (step * e_y) % 16 == 0 else UNALIGNED_EFF)
@@ -217,7 +171,7 @@ def _triton_backward(call, model) -> tuple[dict, float, str]:
         programs = outer * _cdiv(n, chunk)
         # The sum kernel reads everything before the dx kernel re-reads it (in reverse order).
         in_flight = numel * sum_bytes
-        host += BOUND_LAUNCH + _torch_launch(model)  # the dx kernel, the partial sums
+        host += BOUND_LAUNCH + torch_launch(model)  # the dx kernel, the partial sums
         note = "backward: rows split over programs (partial sums, then dx)"
     elif n > (BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX):
         chunk = BWD_CHUNK // 2 if f64 else BWD_CHUNK
@@ -242,56 +196,12 @@ def _triton_backward(call, model) -> tuple[dict, float, str]:
         reuse = min(1.0, L2_USABLE * model.l2_bytes / max(in_flight, 1))
         reads += (1.0 - reuse) * sum_bytes
         parts["backward_l2"] = numel * reuse * sum_bytes / model.l2_bandwidth
-    memory = model.stream(numel * (reads + e_dx)) / (eff * _busy(model, programs))
+    memory = model.stream(numel * (reads + e_dx)) / (eff * busy(model, programs))
     parts["backward"] = max(memory, latency)
     if call.cast_first:
         # torch's .to() recorded the narrowing cast: its backward casts dx back to the input's.
         parts["backward_cast"] = model.stream(numel * (e_y + call.x.dtype.itemsize))
-        host += _torch_launch(model)
-    return parts, host, note
-
-
-def _torch_backward(call, model, fused_cast: bool) -> tuple[dict, float, str]:
-    """Device parts, host seconds and a note of torch's own backward of softmax / log_softmax
-    (softmax_backward_data, aten/src/ATen/native/cuda/SoftMax.cu). fused_cast: the forward
-    widened half to float inside its kernel, so dx is written in the input's dtype directly."""
-    n, numel, outer, inner = call.n, call.numel, call.outer, call.inner
-    e_x, e_y = call.x.dtype.itemsize, call.out_dtype.itemsize
-    cast_back = call.x.dtype != call.out_dtype and not fused_cast
-    e_dx = e_y if cast_back else e_x
-    parts: dict[str, float] = {}
-    host = AUTOGRAD_ENGINE_HOST + 2 * _torch_launch(model)  # the backward op, dx's allocation
-    if not call.log:
-        # softmax's backward forms dy * y first (its kernel then subtracts y * sum): an
-        # elementwise op that reads two tensors and writes a third.
-        parts["backward_mul"] = model.stream(3 * numel * e_y)
-        host += 2 * _torch_launch(model)
-    if inner == 1:
-        if n <= 1024 and n * e_dx <= 4096:
-            # A warp per row, persistent: the row stays in registers, one read of each input.
-            parts["backward"] = (model.stream(numel * (2 * e_y + e_dx))
-                                 / (TORCH_WARP_EFF * _busy(model, outer)))
-            note = "backward: torch's warp-per-row kernel"
-        else:
-            # A block per row: a sum pass over the product (or dy), then a pass that reads it
-            # again with y and writes dx; the re-read hits L2 when the rows in flight fit.
-            in_flight = min(outer, 2 * model.sm_count) * n * e_y
-            reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
-            parts["backward_l2"] = numel * reuse * e_y / model.l2_bandwidth
-            parts["backward"] = (model.stream(numel * ((3.0 - reuse) * e_y + e_dx))
-                                 / (TORCH_BLOCK_EFF * _busy(model, outer)))
-            note = "backward: torch's block-per-row kernel"
-    else:
-        # The spatial kernel walks each column down the dim twice (the sum, then dx).
-        latency = _spatial_walk(outer, n, inner, model, passes=2)
-        memory = (model.stream(numel * (TORCH_SPATIAL_READS * e_y + e_dx))
-                  / (TORCH_BLOCK_EFF * _busy(model, outer * inner / 32)))
-        parts["backward"] = max(memory, latency)
-        note = "backward: torch's spatial kernel (a serial walk down the dim)"
-    if cast_back:
-        # The forward's cast (x.to(dtype)) is undone on the gradient.
-        parts["backward_cast"] = model.stream(numel * (e_y + e_x))
-        host += _torch_launch(model)
+        host += torch_launch(model)
     return parts, host, note
 
 
@@ -304,105 +214,17 @@ def _triton_estimate(call, model, backend: str, host: float, parts: dict):
         parts = {**parts, **backward}
         host += bwd_host
         notes = (note,)
-    return model.estimate(_name(call), backend, triton=True, notes=notes, launch=host, **parts)
-
-
-def _spatial_walk(outer: int, n: int, inner: int, model, *, passes: int) -> float:
-    """Seconds of torch's spatial softmax kernels (a non-last dim) as a latency: each thread walks
-    its column down the dim, `passes` times, one dependent step at a time (dim_threads threads to
-    a column when the inner dims are narrow); the columns run in waves of the chip's threads."""
-    inner_threads = min(inner, 1024)
-    dim_threads = 1
-    if inner_threads <= 64 and n >= 64:
-        while inner_threads * dim_threads <= 1024 and dim_threads <= n:
-            dim_threads *= 2
-        dim_threads //= 2
-    waves = math.ceil(outer * inner * dim_threads / (SM_THREADS * model.sm_count))
-    # A step waits for a load; only a tensor small enough for an SM's L1 makes that cheap: one
-    # that is only in L2 still pays about the full step (fits/softmax.md,
-    # "TORCH_SPATIAL_CACHED_STEP_S").
-    size = outer * n * inner * 4
-    step = (TORCH_SPATIAL_CACHED_STEP_S if size <= TORCH_SPATIAL_L1_BYTES
-            else TORCH_SPATIAL_SMALL_STEP_S if size <= TORCH_SPATIAL_SMALL_BYTES
-            else TORCH_SPATIAL_STEP_S)
-    return waves * passes * _cdiv(n, dim_threads) * step
-
-
-#: Elements a second one torch softmax block takes on a row too long for its registers
-#: (fits/softmax.md, "TORCH_ROW_ELEMENTS_PER_S").
-TORCH_ROW_ELEMENTS_PER_S = 3.2e9
-
-
-def torch_(call, model, plan=None):
-    op = _name(call)
-    n, numel = call.n, call.numel
-    host = _torch_launch(model)  # the op (its output's allocation is inside it)
-    if numel == 0:
-        return model.estimate(op, "torch", triton=False, launch=host)
-    e_x, e_out = call.x.dtype.itemsize, call.out_dtype.itemsize
-    parts: dict[str, float] = {}
-    e_in = e_x
-    # torch casts first, except half -> float on CUDA, which its kernels fuse (not bfloat16).
-    fused_cast = call.x.dtype == torch.float16 and call.out_dtype == torch.float32
-    if call.x.dtype != call.out_dtype and not fused_cast:
-        parts["cast"] = model.stream(numel * (e_x + e_out))
-        host += _torch_launch(model)
-        e_in = e_out
-    if not call.x.is_contiguous():
-        parts["copy"] = model.stream(2 * numel * e_in)
-        host += _torch_launch(model)
-    if call.inner == 1:
-        narrow = e_in / max(e_in, TORCH_BLOCK_ELEMENT_BYTES)  # (TORCH_BLOCK_ELEMENT_BYTES)
-        warp_max = 1024 if fused_cast else 2048
-        if n <= warp_max and n * e_in <= 4 * warp_max:
-            reads, eff = 1.0, TORCH_WARP_EFF * narrow
-        elif n <= TORCH_REG_MAX and not fused_cast:
-            # Two blocks an SM at a time: rows go in waves, of which the last may be thin.
-            at_once = 2 * model.sm_count
-            full = call.outer / (math.ceil(call.outer / at_once) * at_once)
-            reads, eff = 1.0, TORCH_REG_EFF * narrow * (full if call.outer > at_once else 1.0)
-        elif n * e_in < TORCH_SMEM_BYTES and (n * e_in) % 16 == 0:
-            reads, eff = 1.0, TORCH_BLOCK_EFF * narrow
-        else:
-            # max pass, sum pass, write pass: the re-reads hit L2 only when the rows in flight fit.
-            in_flight = min(call.outer, 2 * model.sm_count) * n * e_in
-            reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
-            reads, eff = 3.0 - 2.0 * reuse, TORCH_BLOCK_EFF
-            parts["l2"] = numel * 2.0 * reuse * e_in / model.l2_bandwidth
-            # A block walks a row three times at a rate of its own: with few rows, that rate
-            # sets the time, not the bandwidth.
-            waves = math.ceil(call.outer / (2 * model.sm_count))
-            parts["rows"] = waves * n / TORCH_ROW_ELEMENTS_PER_S
-        programs = call.outer
-    else:
-        reads, eff = TORCH_SPATIAL_READS, TORCH_BLOCK_EFF
-        programs = call.outer * call.inner / 32
-    parts["memory"] = model.stream(numel * (reads * e_in + e_out)) / (eff * _busy(model, programs))
-    if "rows" in parts:  # (the longer of the two)
-        parts["rows"] = max(0.0, parts["rows"] - parts["memory"])
-    if call.inner > 1:
-        # The forward walks the dim three times (max, sum, write): with few columns and a long
-        # dim that latency, not the bytes, sets the time, and can be far longer than the bytes
-        # take (fits/softmax.md, "torch's spatial forward is latency-bound").
-        parts["memory"] = max(parts["memory"], _spatial_walk(call.outer, n, call.inner, model,
-                                                             passes=3))
-    notes: tuple[str, ...] = ()
-    if call.grad:
-        backward, bwd_host, note = _torch_backward(call, model, fused_cast)
-        parts.update(backward)
-        host += bwd_host
-        notes = (note,)
-    return model.estimate(op, "torch", triton=False, notes=notes, launch=host, **parts)
+    return model.estimate(op_name(call), backend, triton=True, notes=notes, launch=host, **parts)
 
 
 def fused(call, model, *, warps: int):
-    op = _name(call)
+    op = op_name(call)
     host = _host(call, model)
     if call.numel == 0:
         return model.estimate(op, "fused", triton=True, launch=host)
     parts = _prepass(call, model)
     resident = _resident(model, warps, _pow2(call.n), call.f64)
-    eff = TRITON_EFF * _busy(model, min(call.outer, resident))
+    eff = TRITON_EFF * busy(model, min(call.outer, resident))
     eff *= 1.0 if _aligned(call) else UNALIGNED_EFF
     memory = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
     latency = math.ceil(call.outer / resident) * FUSED_TILE_S
@@ -410,7 +232,7 @@ def fused(call, model, *, warps: int):
 
 
 def multirow(call, model):
-    op = _name(call)
+    op = op_name(call)
     host = _host(call, model)
     if call.numel == 0:
         return model.estimate(op, "multirow", triton=True, launch=host)
@@ -419,7 +241,7 @@ def multirow(call, model):
     block_r = max(1, min((2048 if call.f64 else 4096) // bn, _pow2(call.outer)))
     tiles = math.ceil(call.outer / block_r)
     resident = _resident(model, 4, block_r * bn, call.f64)
-    eff = TRITON_EFF * _busy(model, min(tiles, resident))
+    eff = TRITON_EFF * busy(model, min(tiles, resident))
     eff *= 1.0 if _aligned(call) or vector_shift(call) else UNALIGNED_EFF
     memory = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
     latency = math.ceil(tiles / resident) * MULTIROW_TILE_S
@@ -436,7 +258,7 @@ COOP_WAIT_CHUNK = 16384
 
 def online(call, model, *, split: int, cooperative: bool = False,
            chunk: int = COOP_WAIT_CHUNK):
-    op = _name(call)
+    op = op_name(call)
     if cooperative:
         # One read and one write; a row's programs wait for each other, a few us per wave of
         # rows. The partial sums and counters are the stream's, kept between calls.
@@ -446,7 +268,7 @@ def online(call, model, *, split: int, cooperative: bool = False,
         parts = _prepass(call, model)
         programs = call.outer * split
         vectors = _aligned(call) or vector_shift(call)
-        eff = TRITON_EFF * _busy(model, programs) * (1.0 if vectors else UNALIGNED_EFF)
+        eff = TRITON_EFF * busy(model, programs) * (1.0 if vectors else UNALIGNED_EFF)
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
         parts["sync"] = (COOP_WAIT_S * chunk / COOP_WAIT_CHUNK
                          * math.ceil(programs / (2 * model.sm_count)))
@@ -469,20 +291,22 @@ def online(call, model, *, split: int, cooperative: bool = False,
         # The stats kernel reads everything before the normalising kernel re-reads it (reversed).
         in_flight = call.numel * e_in
     reuse = min(1.0, usable / max(in_flight, 1))
-    eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
+    eff = TRITON_EFF * busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
     parts["memory"] = model.stream(call.numel * ((2.0 - reuse) * e_in + e_out)) / eff
     parts["l2"] = call.numel * reuse * e_in / model.l2_bandwidth
     return _triton_estimate(call, model, "online", host, parts)
 
 
-def strided(call, model, *, block_i: int, single: bool):
-    op = _name(call)
-    host = _host(call, model)
+def strided(call, model, *, block_i: int, single: bool, view: tuple):
+    """view: (outer, inner, alignment in elements) of what the kernel reads, x's columns in place
+    where call.columns (no copy first)."""
+    op, (outer, inner, align), columns = op_name(call), view, call.columns is not None
+    host = _host(call, model, in_place=columns)
     if call.numel == 0:
         return model.estimate(op, "strided", triton=True, launch=host)
-    parts = _prepass(call, model)
+    parts = {} if columns else _prepass(call, model)
     e_in, e_out = call.in_bytes, call.out_dtype.itemsize
-    programs = call.outer * math.ceil(call.inner / block_i)
+    programs = outer * math.ceil(inner / block_i)
     if single:
         reads = 1.0
     else:
@@ -490,8 +314,8 @@ def strided(call, model, *, block_i: int, single: bool):
         reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
         reads = 2.0 - reuse
         parts["l2"] = call.numel * reuse * e_in / model.l2_bandwidth
-    eff = TRITON_EFF * _busy(model, programs) * (1.0 if _aligned(call) else UNALIGNED_EFF)
-    if block_i < call.inner and block_i * e_in < 128:
+    eff = TRITON_EFF * busy(model, programs) * (1.0 if align * e_in >= 16 else UNALIGNED_EFF)
+    if block_i < inner and block_i * e_in < 128:
         # Row segments shorter than a 128-byte line: neighbouring programs read the line's other
         # sectors, mostly from L2, at some cost.
         eff *= 0.6 + 0.4 * block_i * e_in / 128

@@ -47,7 +47,7 @@ import torch
 
 from ...dispatch.backend import TorchBackend
 from ...dispatch.op import Op, register
-from ...heuristics import softmax as cost
+from ...heuristics import softmax_torch
 from .autograd import (_ROWS_BWD, _SPLIT_BWD_APPLY, _SPLIT_BWD_SUM, _STRIDED_BWD, _with_backward,
                        backward, kernels_cannot_read)
 from .call import (_WIDENING, CALIBRATION, SoftmaxCall, _torch_softmax, prepare_log_softmax,
@@ -72,7 +72,7 @@ LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
 
 def _make_op(name: str, prepare) -> Op:
     op = Op(name, prepare, [
-        TorchBackend(_torch_softmax, cost.torch_, lambda call: functools.partial(
+        TorchBackend(_torch_softmax, softmax_torch.torch_, lambda call: functools.partial(
             torch.log_softmax if call.log else torch.softmax, dim=call.dim,
             dtype=call.dtype_arg)),
         FusedBackend(),

@@ -509,7 +509,7 @@ def _call_on(call: SoftmaxCall, x: torch.Tensor) -> SoftmaxCall:
     c = SoftmaxCall()
     c.x, c.dim, c.log, c.dtype_arg, c.out_dtype = x, call.dim, call.log, None, call.out_dtype
     c.cast_first, c.outer, c.n, c.inner = False, call.outer, call.n, call.inner
-    c.so, c.sn, c.fast, c.grad = call.n * call.inner, call.inner, True, call.grad
+    c.so, c.sn, c.fast, c.columns, c.grad = call.n * call.inner, call.inner, True, None, call.grad
     c.info, c.key, c.exact = call.info, call.key, call.exact
     return c
 

@@ -25,15 +25,15 @@ _WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
 # ---------------------------------------------------------------------------------------------
 class SoftmaxCall(Call):
     __slots__ = ("x", "dim", "log", "dtype_arg", "out_dtype", "cast_first", "outer", "n", "inner",
-                 "so", "sn", "fast", "grad")
+                 "so", "sn", "fast", "columns", "grad")
 
     def for_input(self, x) -> "SoftmaxCall":
         """This call's facts for another tensor of the same shape, strides, dtype and device."""
         c = SoftmaxCall.__new__(SoftmaxCall)
         c.x, c.dim, c.log, c.dtype_arg, c.out_dtype, c.cast_first = (
             x, self.dim, self.log, self.dtype_arg, self.out_dtype, self.cast_first)
-        c.outer, c.n, c.inner, c.so, c.sn, c.fast, c.grad = (
-            self.outer, self.n, self.inner, self.so, self.sn, self.fast, self.grad)
+        c.outer, c.n, c.inner, c.so, c.sn, c.fast, c.columns, c.grad = (
+            self.outer, self.n, self.inner, self.so, self.sn, self.fast, self.columns, self.grad)
         c.info, c.key, c.exact = self.info, self.key, self.exact
         return c
 
@@ -55,7 +55,8 @@ class SoftmaxCall(Call):
         x = self.x
         name = "log_softmax" if self.log else "softmax"
         cast = f" -> {str(self.out_dtype)[6:]}" if self.out_dtype != x.dtype else ""
-        layout = "" if self.fast else ", strides need a copy"
+        layout = ("" if self.fast else ", rows read in place as columns" if self.columns
+                  else ", strides need a copy")
         return (f"{name} of {tuple(x.shape)} {str(x.dtype)[6:]}{cast} over dim {self.dim} "
                 f"(outer {self.outer}, dim {self.n}, inner {self.inner}{layout}) on {x.device}")
 
@@ -88,6 +89,23 @@ def _collapse(shape, strides, lo: int, hi: int):
             return None
         expect = strides[i] * d
     return 0 if stride is None else stride
+
+
+def _columns(shape, strides, dim: int, n: int) -> tuple | None:
+    """(outer, inner, outer stride) of rows whose elements lie apart, viewed as (outer, n, inner)
+    with inner contiguous: the dims just before `dim` collapse to stride 1 (the rows of a
+    transposed matrix are its columns). The strided kernel reads such rows in place and writes
+    them as rows; the row kernels need a contiguous copy first. None where the dims do not split
+    so (the largest inner group is taken)."""
+    if n < 2:
+        return None
+    for k in range(dim):
+        if _collapse(shape, strides, k, dim) == 1:
+            so = _collapse(shape, strides, 0, k)
+            inner = math.prod(shape[k:dim])
+            if so is not None and inner > 1:
+                return math.prod(shape[:k]), inner, so
+    return None
 
 
 def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
@@ -126,6 +144,7 @@ def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
     if dim < 0:
         dim += width
     cast_first = in_dtype is not out_dtype and (in_dtype, out_dtype) not in _WIDENING
+    columns = None
     if rank == 0:
         outer = n = inner = so = sn = 1
         fast = contiguous = True
@@ -142,21 +161,25 @@ def _prepare(name: str, log: bool, input, dim, dtype) -> SoftmaxCall:
             sn = strides[dim] if n > 1 else 1
             if inner == 1:
                 fast = so is not None and sn == 1
+                if not fast and not cast_first:
+                    columns = _columns(shape, strides, dim, n)
             else:
                 fast = so is not None and _collapse(shape, strides, dim + 1, rank) == 1
     call = SoftmaxCall()
     call.x, call.dim, call.log, call.dtype_arg, call.out_dtype = input, dim, log, dtype, out_dtype
     call.cast_first = cast_first
     call.outer, call.n, call.inner, call.so, call.sn = outer, n, inner, so, sn
+    call.columns = columns
     call.fast = fast = fast and not cast_first
     # Under autograd the Triton backends add a Python autograd.Function (host time): its own key.
     call.grad = grad = input.requires_grad and torch.is_grad_enabled()
     dev = input.device
     call.info = device_info(dev)
+    # (columns: a layout of its own, which strided takes and the row backends copy first)
     call.key = (dev.index if dev.type == "cuda" else dev.type, in_dtype, out_dtype,
-                bucket(outer), bucket(n), bucket(inner), fast, grad)
+                bucket(outer), bucket(n), bucket(inner), "columns" if columns else fast, grad)
     call.exact = (call.key[0], in_dtype, out_dtype, outer, n, inner, fast, grad, cast_first,
-                  contiguous)
+                  contiguous, columns)
     return call
 
 
@@ -205,18 +228,28 @@ def _torch_softmax(call: SoftmaxCall) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 def sample(shapes, dtype: torch.dtype, options: dict, device: torch.device):
     """One input of shapes[0], standard normal times `scale` (option, default 1; large scales give
-    peaked rows). Options: dim (default -1), out_dtype (a dtype name: softmax's dtype=), scale."""
+    peaked rows). Options: dim (default -1), out_dtype (a dtype name: softmax's dtype=), scale,
+    transposed (true: the last two dims swapped in memory, as a transposed matrix's are)."""
     if len(shapes) != 1:
         raise InvalidArgument(f"softmax sample: expected one shape (the input), got {shapes}")
     options = dict(options)
     dim = int(options.pop("dim", -1))
     scale = float(options.pop("scale", 1.0))
     out_dtype = options.pop("out_dtype", None)
+    transposed = options.pop("transposed", False)
     if options:
         raise InvalidArgument(f"softmax sample: unknown options {sorted(options)}; expected dim, "
-                              "out_dtype, scale")
+                              "out_dtype, scale, transposed")
+    if transposed not in (True, False) or (transposed and len(shapes[0]) < 2):
+        raise InvalidArgument("softmax sample: transposed must be true or false, and true needs "
+                              f"two dims or more (shape {list(shapes[0])})")
     wide = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-    x = (torch.randn(shapes[0], device=device, dtype=wide) * scale).to(dtype)
+    shape = list(shapes[0])
+    if transposed:
+        shape[-2:] = shape[-1:-3:-1]
+    x = (torch.randn(shape, device=device, dtype=wide) * scale).to(dtype)
+    if transposed:
+        x = x.transpose(-1, -2)
     kwargs = {"dim": dim}
     if out_dtype is not None:
         kwargs["dtype"] = getattr(torch, str(out_dtype).replace("torch.", ""))

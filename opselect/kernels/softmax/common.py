@@ -277,6 +277,7 @@ class StridedPlan:
     single: bool  # the whole dim in registers (one read) or two passes
     offsets_64bit: bool  # offsets past 2**31 elements
     num_warps: int
+    columns: bool = False  # forward: the call's rows are x's columns, written as rows
 
 
 strided_launch_plan = functools.lru_cache(maxsize=4096)(StridedPlan)

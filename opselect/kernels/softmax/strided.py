@@ -19,8 +19,10 @@ from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _one_la
 def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
                         align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
                         dim_block: tl.constexpr, inner_block: tl.constexpr, single: tl.constexpr,
-                        offsets_64bit: tl.constexpr):
-    """strided: x viewed as (outer, N, inner) with inner contiguous; the output is contiguous.
+                        offsets_64bit: tl.constexpr, columns: tl.constexpr):
+    """strided: x viewed as (outer, N, inner) with inner contiguous; the output is contiguous,
+    as (outer, N, inner), or as (outer, inner, N) where the call's rows are x's columns
+    (`columns`: softmax over the last dim of a transposed matrix, written as rows).
 
     A program owns inner_block consecutive inner columns of one outer index: every load is a row
     of inner_block contiguous elements (coalesced, vectorised), and the reduction runs along axis
@@ -30,13 +32,20 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
     o = pid // n_iblocks
     ib = pid % n_iblocks
     r = tl.arange(0, dim_block)
+    cols = ib * inner_block + tl.arange(0, inner_block)
     if offsets_64bit:
         o = o.to(tl.int64)
         r = r.to(tl.int64)
-    cols = ib * inner_block + tl.arange(0, inner_block)
+        cols = cols.to(tl.int64)
     cmask = cols[None, :] < inner
     x_base = x_ptr + o * sxo_q * align + cols[None, :]
-    y_base = y_ptr + o * N * inner + cols[None, :]
+    if columns:
+        # Each column of the tile is an output row: the stores run along axis 0.
+        y_base = y_ptr + o * N * inner + cols[None, :] * N
+        y_step = 1
+    else:
+        y_base = y_ptr + o * N * inner + cols[None, :]
+        y_step = inner
     if single:
         mask = (r[:, None] < N) & cmask
         x = _acc(tl.load(x_base + (r * sxn_q * align)[:, None], mask=mask, other=float("-inf")),
@@ -49,7 +58,7 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
             out = z - tl.log(total)
         else:
             out = e * (1.0 / total)
-        tl.store(y_base + (r * inner)[:, None], _cast_for(out, y_ptr), mask=mask)
+        tl.store(y_base + (r * y_step)[:, None], _cast_for(out, y_ptr), mask=mask)
     else:
         m = _acc(tl.full([dim_block, inner_block], float("-inf"), tl.float32), f64)
         s = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
@@ -66,18 +75,29 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
             mask = (rr[:, None] < N) & cmask
             x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
                              other=float("-inf")), f64)
-            tl.store(y_base + (rr * inner)[:, None],
+            tl.store(y_base + (rr * y_step)[:, None],
                      _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
 
 
 _STRIDED_FWD = plan_launcher(_strided_fwd_kernel)
 
 
+def strided_view(call: SoftmaxCall) -> tuple:
+    """(read, outer, n, inner, outer stride, dim stride) of the (outer, n, inner) view strided
+    reads, inner contiguous: the call's own (read: _reader's copy or cast, or None), or, for rows
+    whose elements lie apart (call.columns), x in place with the dims before the softmax dim as
+    inner."""
+    if call.columns is not None:
+        outer, inner, so = call.columns
+        return None, outer, call.n, inner, so, call.sn
+    read, so, sn = _reader(call)
+    return read, call.outer, call.n, call.inner, so, sn
+
+
 def strided_fwd_plan(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int, sms: int
                      ) -> StridedPlan:
     """The launch of the forward over a non-last dim (_strided_plan's tile)."""
-    _, so, sn = _reader(call)
-    n, inner, outer = call.n, call.inner, call.outer
+    _, outer, n, inner, so, sn = strided_view(call)
     bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, sms, block_i, tile)
     warps = min(32, _warps(bi * bn) * warp_scale)
     n_ib = cdiv(inner, bi)
@@ -85,15 +105,16 @@ def strided_fwd_plan(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int
     ints = (n, inner // a, n_ib, so // a, sn // a)
     i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
     return strided_launch_plan(_read_dtype(call), call.out_dtype, None, ints, a, call.log,
-                               call.f64, bn, bi, single, i64, warps)
+                               call.f64, bn, bi, single, i64, warps, call.columns is not None)
 
 
 def _strided_fwd(plan: StridedPlan, call: SoftmaxCall):
     """The prepared forward over a non-last dim under its plan: a function x -> y of the call's
     input. A program per block of inner columns (the plan's third integer) of each outer
     index."""
-    launch = _STRIDED_FWD.bind(plan, (call.outer * plan.ints[2],), call.info.index)
-    return _one_launch(_reader(call)[0], launch, plan.ints, tuple(call.x.shape), call.out_dtype,
+    read, outer = strided_view(call)[:2]
+    launch = _STRIDED_FWD.bind(plan, (outer * plan.ints[2],), call.info.index)
+    return _one_launch(read, launch, plan.ints, tuple(call.x.shape), call.out_dtype,
                        call.x.device)
 
 
@@ -106,20 +127,20 @@ class StridedBackend(ForwardBackend):
     CONFIG_KEYS = CONFIG_KEYS
 
     def supports(self, call: SoftmaxCall) -> str | None:
-        if call.inner == 1:
+        if call.inner == 1 and call.columns is None:
             return "the softmax dim is the innermost; fused, multirow or online take rows"
         return None
 
     def configs(self, call: SoftmaxCall) -> list[dict]:
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
-        bi, bn, _ = _strided_plan(call.n, call.inner, call.outer, call.in_bytes,
-                                  call.info.sm_count, None, tile)
+        _, outer, n, inner, _, _ = strided_view(call)
+        bi, bn, _ = _strided_plan(n, inner, outer, call.in_bytes, call.info.sm_count, None, tile)
         # num_warps follows the tile actually used (~16 elements per thread), times warp_scale.
         cfgs = [{"inner_block": bi, "tile": tile, "warp_scale": 1},
                 {"inner_block": bi, "tile": tile, "warp_scale": 2}]
         if bi > 1:
             cfgs.append({"inner_block": bi // 2, "tile": tile, "warp_scale": 1})
-        if bi < next_pow2(call.inner):
+        if bi < next_pow2(inner):
             cfgs.append({"inner_block": 2 * bi, "tile": tile, "warp_scale": 1})
         return cfgs
 
@@ -134,6 +155,7 @@ class StridedBackend(ForwardBackend):
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
-        bi, bn, single = _strided_plan(call.n, call.inner, call.outer, call.in_bytes,
-                                       model.sm_count, None, tile)
-        return cost.strided(call, model, block_i=bi, single=single)
+        _, outer, n, inner, so, sn = strided_view(call)
+        bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count, None, tile)
+        return cost.strided(call, model, block_i=bi, single=single,
+                            view=(outer, inner, _align(inner, so, sn)))
