@@ -386,6 +386,9 @@ def test_columns_edges_and_gradient(cpu_triton):
     m[7, 2], m[8, 2], m[9, 3] = float("inf"), float("inf"), -0.0
     x = m.t()  # 6 rows of 33, elements 6 apart
     assert sm.prepare_softmax(x, -1).columns == (1, 6, 0)
+    # The first config (the cold pick's) takes half the default columns a program.
+    first, default = get_op("softmax").backend("strided").configs(sm.prepare_softmax(x, -1))[:2]
+    assert 2 * first["inner_block"] == default["inner_block"], (first, default)
     for log in (False, True):
         assert_matches(ops.softmax(x, -1, backend="strided") if not log else
                        ops.log_softmax(x, -1, backend="strided"), x, -1, log, backend="strided")

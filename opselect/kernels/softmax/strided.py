@@ -140,6 +140,11 @@ class StridedBackend(ForwardBackend):
                 {"inner_block": bi, "tile": tile, "warp_scale": 2}]
         if bi > 1:
             cfgs.append({"inner_block": bi // 2, "tile": tile, "warp_scale": 1})
+            if call.columns is not None:
+                # Columns written as rows: half as many columns a program went first in tuning
+                # on every such call the H200 tuned where the two differed (7 of 7 in
+                # bench_random, 1.1-1.55x; fits/softmax.md, "Rows of a transposed matrix").
+                cfgs.insert(0, cfgs.pop())
         if bi < next_pow2(inner):
             cfgs.append({"inner_block": 2 * bi, "tile": tile, "warp_scale": 1})
         return cfgs
@@ -157,5 +162,8 @@ class StridedBackend(ForwardBackend):
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
         _, outer, n, inner, so, sn = strided_view(call)
         bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count, None, tile)
+        if call.columns is not None and bi > 1:  # (the first config's block: configs())
+            bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count,
+                                           bi // 2, tile)
         return cost.strided(call, model, block_i=bi, single=single,
                             view=(outer, inner, _align(inner, so, sn)))
