@@ -872,6 +872,15 @@ def test_sample():
         sm.sample([[4]], torch.float32, {"k": 3}, torch.device("cpu"))
     with pytest.raises(InvalidArgument, match="one shape"):
         sm.sample([[4], [5]], torch.float32, {}, torch.device("cpu"))
+    # transposed: the same logical shape, the last two dims swapped in memory (read as columns)
+    (x,), _ = sm.sample([[3, 4, 5]], torch.float32, {"transposed": True}, torch.device("cpu"))
+    assert x.shape == (3, 4, 5) and x.stride() == (20, 1, 4)
+    assert sm.prepare_softmax(x, -1).columns == (3, 4, 20)
+    for bad in ({"transposed": "yes"}, {"transposed": 1.5}):
+        with pytest.raises(InvalidArgument, match="transposed must be true or false"):
+            sm.sample([[3, 4]], torch.float32, bad, torch.device("cpu"))
+    with pytest.raises(InvalidArgument, match="two dims or more"):
+        sm.sample([[4]], torch.float32, {"transposed": True}, torch.device("cpu"))
 
 
 def test_cost_model_prefers_sensible_backends():
