@@ -63,6 +63,16 @@ class DeviceModel:
         """Time to stream nbytes through DRAM (reads and writes counted alike)."""
         return nbytes / self.bandwidth
 
+    def contiguous_copy(self, numel: int, itemsize: int, *, transposing: bool) -> float:
+        """torch's .contiguous() of numel elements: their bytes streamed in and out, or, where the
+        copy transposes (the output's rows are elements lying apart in the input: x.t()), the
+        longer of that and TRANSPOSE_ELEMENTS_PER_SM_S: neither its reads nor its writes then run
+        along lines."""
+        streamed = self.stream(2 * numel * itemsize)
+        if not transposing:
+            return streamed
+        return max(streamed, numel / (TRANSPOSE_ELEMENTS_PER_SM_S * self.sm_count))
+
     def gather(self, n: float, table_bytes: float, *, on_chip: bool = False) -> float:
         """n random loads from a table of table_bytes: on chip, from L2 if it fits, else DRAM."""
         if on_chip:
@@ -144,6 +154,11 @@ def known_gpu(tag: str) -> DeviceInfo:
     name, capability, sms, l2, memory = spec
     return DeviceInfo("cuda", 0, name, capability, sms, l2, memory)
 
+
+#: Elements a second, per SM, of torch's copy where it transposes (x.t().contiguous()): 127e9-
+#: 149e9 elements a second on the H200 in float16, bfloat16 and float32 alike, where the bytes
+#: at the copy bandwidth say 4-8 times less time (fits/softmax.md, "A transposing copy").
+TRANSPOSE_ELEMENTS_PER_SM_S = 1.06e9
 
 #: Host seconds of one launch through a bound Launcher (kernels/_common.py): the compiled kernel
 #: called directly, about a third of Triton's own launch path (`launch`).

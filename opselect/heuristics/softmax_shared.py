@@ -10,10 +10,6 @@ L2_USABLE = 0.5
 #: charged to every one: under max(host, device) a shared host term still decides between host-
 #: and device-bound calls (fits/softmax.md, "AUTOGRAD_HOST").
 AUTOGRAD_ENGINE_HOST = 40e-6
-#: Elements a second, per SM, of torch's copy of an input whose last dim is not contiguous (a
-#: transposed matrix made contiguous: neither its reads nor its writes run along lines), fitted
-#: on the H200 (fits/softmax.md, "A transposing copy").
-TRANSPOSE_ELEMENTS_PER_SM_S = 1.06e9
 
 
 def op_name(call) -> str:
@@ -30,11 +26,8 @@ def torch_launch(model) -> float:
 
 
 def input_copy(call, model, itemsize: int) -> float:
-    """Device seconds of torch's contiguous copy of the call's input (elements of itemsize):
-    the bytes streamed where rows stay rows (the last dim contiguous), else at the element rate
-    of a transposing copy, whichever is longer."""
-    x, numel = call.x, call.numel
-    streamed = model.stream(2 * numel * itemsize)
-    if x.dim() == 0 or x.shape[-1] == 1 or x.stride(-1) == 1:
-        return streamed
-    return max(streamed, numel / (TRANSPOSE_ELEMENTS_PER_SM_S * model.sm_count))
+    """Device seconds of torch's contiguous copy of the call's input (elements of itemsize): it
+    transposes where the last dim is not contiguous (DeviceModel.contiguous_copy)."""
+    x = call.x
+    rows_stay = x.dim() == 0 or x.shape[-1] == 1 or x.stride(-1) == 1
+    return model.contiguous_copy(call.numel, itemsize, transposing=not rows_stay)
