@@ -357,6 +357,9 @@ def test_rows_off_the_vector_grid(cpu_triton, log):
     {"inner_block": 4, "tile": 32, "warp_scale": 1},   # the dim in chunks of 2: two passes
     {"inner_block": 2, "tile": 1024, "warp_scale": 2},  # narrow column blocks, whole dim at once
     {"inner_block": 64, "tile": 64, "warp_scale": 1},   # block wider than inner: clamped
+    # the dim split over programs: chunks of 14 rows (tiles of 2), a short last chunk
+    {"inner_block": 4, "tile": 32, "warp_scale": 1, "splits": 3},
+    {"inner_block": 2, "tile": 1024, "warp_scale": 2, "splits": 8},  # 5 chunks of 8 rows
 ])
 def test_strided_configs(cpu_triton, config):
     torch.manual_seed(4)
@@ -371,6 +374,12 @@ def test_strided_configs(cpu_triton, config):
         got = run_config(xc, -1, log, "strided", config)
         assert got.is_contiguous()
         assert_matches(got, xc, -1, log, backend="strided columns")
+    if "splits" in config:
+        plan = sm.strided.strided_split_fwd_plan(sm.prepare_softmax(x, 1), config["inner_block"],
+                                                 config["tile"], 1, config["splits"])
+        n, chunk, splits = plan.ints[0], plan.ints[5], plan.ints[6]
+        assert chunk % plan.dim_block == 0 and (splits - 1) * chunk < n <= splits * chunk
+        return
     bi, bn, single = sm._strided_plan(37, 5, 3, 4, 2, config["inner_block"], config["tile"])
     assert single == (config["tile"] >= 64 * bi) and bi <= 8 and (single or bn < 37)
 
@@ -392,12 +401,34 @@ def test_columns_edges_and_gradient(cpu_triton):
     for log in (False, True):
         assert_matches(ops.softmax(x, -1, backend="strided") if not log else
                        ops.log_softmax(x, -1, backend="strided"), x, -1, log, backend="strided")
+        # the same rows with the dim split over programs (4 chunks of up to 10): a row of -inf
+        # in every chunk, a NaN and two +inf in the first chunks of theirs, merged across chunks
+        split = {"inner_block": 4, "tile": 32, "warp_scale": 1, "splits": 4}
+        assert_matches(run_config(x, -1, log, "strided", split), x, -1, log, backend="split")
         xh = x.half()
         assert_matches(fn(log)(xh, -1, dtype=torch.float32, backend="strided"), xh, -1, log,
                        dtype=torch.float32, backend="strided")
         xg = (torch.randn(4, 30, 7) * 2).transpose(1, 2)
         got, ref = grads(xg, -1, log, "strided", torch.randn(4, 7, 30))
         assert_grad(got, ref, torch.float32, "strided columns")
+
+
+def test_strided_split_configs_offered_to_tuning_only():
+    """Split configs (the dim over programs too) come for calls of fewer column blocks than
+    SMs with long columns, after every other config (the cold pick runs the first)."""
+    strided = get_op("softmax").backend("strided")
+
+    def configs(x, dim):
+        call = sm.prepare_softmax(x, dim)
+        call.info = dataclasses.replace(call.info, sm_count=132)  # (an H200's SMs)
+        return strided.configs(call)
+
+    few_long = configs(torch.empty(32000, 64, device="meta").t(), -1)  # 4 blocks of 16 columns
+    assert "splits" not in few_long[0] and any("splits" in c for c in few_long)
+    assert all("splits" in c for c in few_long[few_long.index(next(
+        c for c in few_long if "splits" in c)):])
+    assert not any("splits" in c for c in configs(torch.empty(4096, 4096, device="meta").t(), -1))
+    assert not any("splits" in c for c in configs(torch.empty(64, 1000, 3, device="meta"), 1))
 
 
 def test_multirow_configs(cpu_triton):
@@ -1023,6 +1054,23 @@ def test_gpu_edges_and_layouts(cuda):
             call = sm.prepare_softmax(x, dim)
             if get_op("softmax").backend(backend).supports(call) is None:
                 assert_matches(ops.softmax(x, dim, backend=backend), x, dim, False, backend=backend)
+
+
+@pytest.mark.gpu
+def test_gpu_strided_split(cuda):
+    """strided's split configs (the dim over programs too) at real sizes: few long columns of a
+    transposed matrix, and a softmax over dim 1 of few columns, every offered split config."""
+    torch.manual_seed(23)
+    for x, dim in ((torch.randn(32000, 64, device=cuda, dtype=torch.bfloat16).t(), -1),
+                   (torch.randn(2, 50000, 3, device=cuda) * 8, 1),
+                   (torch.randn(1, 40000, 24, device=cuda, dtype=torch.float16), 1)):
+        call = sm.prepare_softmax(x, dim)
+        splits = [c for c in get_op("softmax").backend("strided").configs(call) if "splits" in c]
+        assert splits, "no split config offered"
+        for config in splits:
+            for log in (False, True):
+                assert_matches(run_config(x, dim, log, "strided", config), x, dim, log,
+                               backend=f"strided {config}")
 
 
 @pytest.mark.gpu

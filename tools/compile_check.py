@@ -121,7 +121,10 @@ EDGES = {
                   ([[64, 37]], torch.float16, {}),
                   # rows of a transposed matrix: strided reads them in place as its columns
                   ([[64, 3000]], torch.float16, {"transposed": True}),
-                  ([[5, 7, 300]], torch.float32, {"transposed": True})],
+                  ([[5, 7, 300]], torch.float32, {"transposed": True}),
+                  # few long columns: strided's split configs (the dim over programs too)
+                  ([[64, 32000]], torch.bfloat16, {"transposed": True}),
+                  ([[2, 8192, 3]], torch.float64, {"dim": 1})],
     "permute": [([[1, 3]], torch.float32, {"dims": [1, 0]}), ([[2, 1, 3]], torch.float32,
                                                                 {"dims": [2, 1, 0]})],
 }

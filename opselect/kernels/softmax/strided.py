@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
 from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
-from .._common import cdiv, needs_int64, next_pow2
+from .._common import allocator, cdiv, needs_int64, next_pow2
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _one_launch,
                      _online_step, _read_dtype, _reader, _strided_plan, _warps, plan_launcher,
                      StridedPlan, strided_launch_plan)
+
+
+@triton.jit
+def _output_columns(y_ptr, o, cols, N, inner, columns: tl.constexpr):
+    """(y at the tile's columns of outer index o, y's step along the dim): y is contiguous as
+    (outer, N, inner), or, for `columns` (the call's rows are x's columns), as (outer, inner, N),
+    each column of the tile an output row and the stores running along axis 0."""
+    if columns:
+        base = y_ptr + o * N * inner + cols[None, :] * N
+        step = 1
+    else:
+        base = y_ptr + o * N * inner + cols[None, :]
+        step = inner
+    return base, step
 
 
 @triton.jit
@@ -39,13 +58,7 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
         cols = cols.to(tl.int64)
     cmask = cols[None, :] < inner
     x_base = x_ptr + o * sxo_q * align + cols[None, :]
-    if columns:
-        # Each column of the tile is an output row: the stores run along axis 0.
-        y_base = y_ptr + o * N * inner + cols[None, :] * N
-        y_step = 1
-    else:
-        y_base = y_ptr + o * N * inner + cols[None, :]
-        y_step = inner
+    y_base, y_step = _output_columns(y_ptr, o, cols, N, inner, columns)
     if single:
         mask = (r[:, None] < N) & cmask
         x = _acc(tl.load(x_base + (r * sxn_q * align)[:, None], mask=mask, other=float("-inf")),
@@ -80,6 +93,143 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
 
 
 _STRIDED_FWD = plan_launcher(_strided_fwd_kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# Split: the dim in `splits` chunks of programs of their own, for calls of too few column
+# blocks to fill the GPU (a few long columns: a transposed 64 x 32000 is 4 blocks of 16). Two
+# launches over the same programs: each chunk's (max, sum) per column to a workspace, then each
+# program merges its columns' partials and writes its chunk. The input is read twice.
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _split_program(x_ptr, y_ptr, N, inner, n_iblocks, sxo_q, chunk, splits, align,
+                   inner_block: tl.constexpr, offsets_64bit: tl.constexpr,
+                   columns: tl.constexpr):
+    """Program (outer o, column block ib, chunk sp): its columns, their mask, the column
+    bases of x and y, the output's step along the dim, its chunk's first row and o, sp."""
+    pid = tl.program_id(0)
+    sp = pid % splits
+    rest = pid // splits
+    o = rest // n_iblocks
+    ib = rest % n_iblocks
+    cols = ib * inner_block + tl.arange(0, inner_block)
+    start = sp * chunk
+    if offsets_64bit:
+        o = o.to(tl.int64)
+        cols = cols.to(tl.int64)
+        start = start.to(tl.int64)
+    x_base = x_ptr + o * sxo_q * align + cols[None, :]
+    y_base, y_step = _output_columns(y_ptr, o, cols, N, inner, columns)
+    return cols, cols[None, :] < inner, x_base, y_base, y_step, start, o, sp
+
+
+@triton.jit
+def _strided_split_kernel(x_ptr, y_ptr, ws_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q, chunk,
+                          splits, plane,
+                          align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                          dim_block: tl.constexpr, inner_block: tl.constexpr,
+                          splits_block: tl.constexpr, offsets_64bit: tl.constexpr,
+                          columns: tl.constexpr, phase: tl.constexpr):
+    """A split's two launches (`phase`): 0, the (max, sum) of each column over the program's
+    chunk to the workspace (plane 0 the maxima, plane 1 the sums; slot (o, sp, column)); 1, the
+    columns' partials merged and the program's chunk written."""
+    inner = inner_q * align
+    cols, cmask, x_base, y_base, y_step, start, o, sp = _split_program(
+        x_ptr, y_ptr, N, inner, n_iblocks, sxo_q, chunk, splits, align, inner_block,
+        offsets_64bit, columns)
+    r = tl.arange(0, dim_block)
+    if phase == 0:
+        m = _acc(tl.full([dim_block, inner_block], float("-inf"), tl.float32), f64)
+        s = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
+        for t in range(0, chunk, dim_block):  # (chunk is a multiple of dim_block)
+            rr = start + t + r
+            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None],
+                             mask=(rr[:, None] < N) & cmask, other=float("-inf")), f64)
+            m, s = _online_step(m, s, x)
+        big, total = _merge(m, s, 0)
+        slot = ws_ptr + (o * splits + sp) * inner + cols
+        tl.store(slot, tl.reshape(big, [inner_block]), mask=cols < inner)
+        tl.store(slot + plane, tl.reshape(total, [inner_block]), mask=cols < inner)
+    else:
+        j = tl.arange(0, splits_block)
+        slots = ws_ptr + ((o * splits + j) * inner)[:, None] + cols[None, :]
+        ok = (j < splits)[:, None] & cmask
+        big, total = _merge(tl.load(slots, mask=ok, other=float("-inf")),
+                            tl.load(slots + plane, mask=ok, other=0.0), 0)
+        for t in range(0, chunk, dim_block):
+            rr = start + t + r
+            mask = (rr[:, None] < N) & cmask
+            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
+                             other=float("-inf")), f64)
+            tl.store(y_base + (rr * y_step)[:, None],
+                     _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
+
+
+_SPLIT = plan_launcher(_strided_split_kernel)
+
+
+@dataclass(frozen=True, eq=False)
+class StridedSplitPlan:
+    """The two launches of a split (one object per distinct launch: strided_split_plan)."""
+
+    in_dtype: torch.dtype
+    out_dtype: torch.dtype
+    ints: tuple  # dim, inner / align, inner blocks, strides / align, chunk, splits, plane
+    align: int
+    log: bool
+    f64: bool
+    dim_block: int  # rows of a tile within a chunk
+    inner_block: int
+    splits_block: int  # splits, padded to a power of two (the merge's tile)
+    offsets_64bit: bool
+    num_warps: int
+    columns: bool
+    phase: int = 0  # the launch: 0 the chunks' (max, sum), 1 the merge and the writes
+
+    @property
+    def programs_per_outer(self) -> int:
+        return self.ints[2] * self.ints[6]
+
+
+strided_split_plan = functools.lru_cache(maxsize=4096)(StridedSplitPlan)
+
+
+def strided_split_fwd_plan(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int,
+                           splits: int) -> StridedSplitPlan:
+    _, outer, n, inner, so, sn = strided_view(call)
+    bi = max(1, min(block_i, next_pow2(inner)))
+    bn = max(1, min(next_pow2(cdiv(n, splits)), tile // (4 * bi)))
+    chunk = cdiv(cdiv(n, splits), bn) * bn
+    splits = cdiv(n, chunk)  # (no empty chunk)
+    n_ib = cdiv(inner, bi)
+    a = _align(inner, so, sn)
+    plane = outer * splits * inner
+    ints = (n, inner // a, n_ib, so // a, sn // a, chunk, splits, plane)
+    i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner, 2 * plane)
+    return strided_split_plan(_read_dtype(call), call.out_dtype, ints, a, call.log, call.f64, bn,
+                              bi, next_pow2(splits), i64, min(32, _warps(bi * bn) * warp_scale),
+                              call.columns is not None)
+
+
+def _strided_split_fwd(plan: StridedSplitPlan, call: SoftmaxCall):
+    read, outer = strided_view(call)[:2]
+    grid = (outer * plan.programs_per_outer,)
+    stats = _SPLIT.bind(plan, grid, call.info.index)
+    write = _SPLIT.bind(dataclasses.replace(plan, phase=1), grid, call.info.index)
+    new_y = allocator(tuple(call.x.shape), call.out_dtype, call.x.device)
+    new_ws = allocator((2 * plan.ints[7],), torch.float64 if plan.f64 else torch.float32,
+                       call.x.device)
+    ints = plan.ints
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if read is not None:
+            x = read(x)
+        y, ws = new_y(), new_ws()
+        stats(x, y, ws, *ints)
+        write(x, y, ws, *ints)
+        return y
+
+    return forward
 
 
 def strided_view(call: SoftmaxCall) -> tuple:
@@ -118,8 +268,9 @@ def _strided_fwd(plan: StridedPlan, call: SoftmaxCall):
                        call.x.device)
 
 
-#: The keys of strided's configs.
+#: The keys of strided's configs (and of its split configs).
 CONFIG_KEYS = frozenset({"inner_block", "tile", "warp_scale"})
+SPLIT_KEYS = CONFIG_KEYS | {"splits"}
 
 
 class StridedBackend(ForwardBackend):
@@ -147,15 +298,31 @@ class StridedBackend(ForwardBackend):
                 cfgs.insert(0, cfgs.pop())
         if bi < next_pow2(inner):
             cfgs.append({"inner_block": 2 * bi, "tile": tile, "warp_scale": 1})
+        blocks = outer * cdiv(inner, cfgs[0]["inner_block"])
+        if blocks < call.info.sm_count and n >= 4096:
+            # Too few column blocks to fill the GPU, and long columns: the dim split over
+            # programs too. Offered to tuning only (after the others: the cold pick is the first
+            # config, and the model has no term for a split yet; not yet timed on a GPU).
+            want = max(2, min(64, next_pow2(cdiv(2 * call.info.sm_count, blocks))))
+            for splits in (want, 2 * want):
+                cfgs.append({**cfgs[0], "splits": splits})
         return cfgs
 
+    def config_keys(self, config) -> frozenset:
+        return SPLIT_KEYS if "splits" in config else CONFIG_KEYS
+
     @staticmethod
-    def forward_plan(call: SoftmaxCall, config, sms: int) -> StridedPlan:
+    def forward_plan(call: SoftmaxCall, config, sms: int):
+        if "splits" in config:
+            return strided_split_fwd_plan(call, config["inner_block"], config["tile"],
+                                          config["warp_scale"], config["splits"])
         return strided_fwd_plan(call, config["inner_block"], config["tile"],
                                 config["warp_scale"], sms)
 
     @staticmethod
     def _forward(plan, call: SoftmaxCall):
+        if isinstance(plan, StridedSplitPlan):
+            return _strided_split_fwd(plan, call)
         return _strided_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
