@@ -282,20 +282,26 @@ class StridedBackend(ForwardBackend):
             return "the softmax dim is the innermost; fused, multirow or online take rows"
         return None
 
-    def configs(self, call: SoftmaxCall) -> list[dict]:
+    @staticmethod
+    def _blocks(call: SoftmaxCall, sms: int) -> tuple[int, int, int]:
+        """(tile, the default inner_block, the first config's): columns written as rows take
+        half as many columns a program first, as tuning chose on every such call the H200 tuned
+        where the two differed (7 of 7 in bench_random, 1.1-1.55x; fits/softmax.md, "Rows of a
+        transposed matrix")."""
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
         _, outer, n, inner, _, _ = strided_view(call)
-        bi, bn, _ = _strided_plan(n, inner, outer, call.in_bytes, call.info.sm_count, None, tile)
+        bi = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile)[0]
+        return tile, bi, (bi // 2 if call.columns is not None and bi > 1 else bi)
+
+    def configs(self, call: SoftmaxCall) -> list[dict]:
+        tile, bi, first = self._blocks(call, call.info.sm_count)
+        _, outer, n, inner, _, _ = strided_view(call)
         # num_warps follows the tile actually used (~16 elements per thread), times warp_scale.
         cfgs = [{"inner_block": bi, "tile": tile, "warp_scale": 1},
                 {"inner_block": bi, "tile": tile, "warp_scale": 2}]
         if bi > 1:
-            cfgs.append({"inner_block": bi // 2, "tile": tile, "warp_scale": 1})
-            if call.columns is not None:
-                # Columns written as rows: half as many columns a program went first in tuning
-                # on every such call the H200 tuned where the two differed (7 of 7 in
-                # bench_random, 1.1-1.55x; fits/softmax.md, "Rows of a transposed matrix").
-                cfgs.insert(0, cfgs.pop())
+            cfgs.insert(0 if first < bi else 2, {"inner_block": bi // 2, "tile": tile,
+                                                 "warp_scale": 1})
         if bi < next_pow2(inner):
             cfgs.append({"inner_block": 2 * bi, "tile": tile, "warp_scale": 1})
         blocks = outer * cdiv(inner, cfgs[0]["inner_block"])
@@ -326,11 +332,9 @@ class StridedBackend(ForwardBackend):
         return _strided_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
-        tile = TILE_MAX // 2 if call.f64 else TILE_MAX
+        tile, _, first = self._blocks(call, model.sm_count)  # (the first config's block)
         _, outer, n, inner, so, sn = strided_view(call)
-        bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count, None, tile)
-        if call.columns is not None and bi > 1:  # (the first config's block: configs())
-            bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count,
-                                           bi // 2, tile)
+        bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count, first,
+                                       tile)
         return cost.strided(call, model, block_i=bi, single=single,
                             view=(outer, inner, _align(inner, so, sn)))
