@@ -56,7 +56,7 @@ from .common import _ROWS_FWD, _strided_plan
 from .fused import FusedBackend
 from .multirow import MultirowBackend
 from .online import _COOP_FWD, _ONLINE_FWD, _SPLIT_NORM, _SPLIT_STATS, OnlineBackend, coop_split
-from .strided import _STRIDED_FWD, StridedBackend
+from .strided import _STRIDED_FWD, _STRIDED_SPLIT, StridedBackend
 
 # What other modules use (ops, routing, library, transforms, calibrate, tests).
 __all__ = ["OP", "SOFTMAX_OP", "LOG_SOFTMAX_OP", "LAUNCHERS", "SoftmaxCall", "prepare_softmax",
@@ -66,8 +66,8 @@ __all__ = ["OP", "SOFTMAX_OP", "LOG_SOFTMAX_OP", "LAUNCHERS", "SoftmaxCall", "pr
 
 # Every launcher of the package by its kernel's name (tests launch each under a checked spec).
 LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
-    _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _STRIDED_FWD, _ROWS_BWD,
-    _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD)}
+    _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _STRIDED_FWD, _STRIDED_SPLIT,
+    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD)}
 
 
 def _make_op(name: str, prepare) -> Op:

@@ -165,7 +165,7 @@ def _strided_split_kernel(x_ptr, y_ptr, ws_ptr, N, inner_q, n_iblocks, sxo_q, sx
                      _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
 
 
-_SPLIT = plan_launcher(_strided_split_kernel)
+_STRIDED_SPLIT = plan_launcher(_strided_split_kernel)
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,8 +214,8 @@ def strided_split_fwd_plan(call: SoftmaxCall, block_i: int, tile: int, warp_scal
 def _strided_split_fwd(plan: StridedSplitPlan, call: SoftmaxCall):
     read, outer = strided_view(call)[:2]
     grid = (outer * plan.programs_per_outer,)
-    stats = _SPLIT.bind(plan, grid, call.info.index)
-    write = _SPLIT.bind(dataclasses.replace(plan, phase=1), grid, call.info.index)
+    stats = _STRIDED_SPLIT.bind(plan, grid, call.info.index)
+    write = _STRIDED_SPLIT.bind(dataclasses.replace(plan, phase=1), grid, call.info.index)
     new_y = allocator(tuple(call.x.shape), call.out_dtype, call.x.device)
     new_ws = allocator((2 * plan.ints[7],), torch.float64 if plan.f64 else torch.float32,
                        call.x.device)
