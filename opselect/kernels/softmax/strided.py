@@ -190,6 +190,13 @@ class StridedSplitPlan:
     def programs_per_outer(self) -> int:
         return self.ints[2] * self.ints[6]
 
+    @property
+    def second(self) -> "StridedSplitPlan":
+        """The plan of the second launch: the same object for every call of this plan (the
+        Launcher keeps what it binds by plan)."""
+        fields = dataclasses.fields(self)
+        return strided_split_plan(*(getattr(self, f.name) for f in fields[:-1]), 1)
+
 
 strided_split_plan = functools.lru_cache(maxsize=4096)(StridedSplitPlan)
 
@@ -215,7 +222,7 @@ def _strided_split_fwd(plan: StridedSplitPlan, call: SoftmaxCall):
     read, outer = strided_view(call)[:2]
     grid = (outer * plan.programs_per_outer,)
     stats = _STRIDED_SPLIT.bind(plan, grid, call.info.index)
-    write = _STRIDED_SPLIT.bind(dataclasses.replace(plan, phase=1), grid, call.info.index)
+    write = _STRIDED_SPLIT.bind(plan.second, grid, call.info.index)
     new_y = allocator(tuple(call.x.shape), call.out_dtype, call.x.device)
     new_ws = allocator((2 * plan.ints[7],), torch.float64 if plan.f64 else torch.float32,
                        call.x.device)
