@@ -35,6 +35,24 @@ def _output_columns(y_ptr, o, cols, N, inner, columns: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(x_base, rr, N, cmask, sxn_q, align, f64: tl.constexpr):
+    """The tile of rows rr (past N: -inf) of the program's columns, in the accumulation type,
+    and its mask."""
+    mask = (rr[:, None] < N) & cmask
+    x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask, other=float("-inf")), f64)
+    return x, mask
+
+
+@triton.jit
+def _write_rows(x_base, y_base, y_ptr, rr, N, cmask, sxn_q, align, y_step, big, total,
+                log: tl.constexpr, f64: tl.constexpr):
+    """Rows rr of the program's columns read again and written finished (max big, sum total)."""
+    x, mask = _load_rows(x_base, rr, N, cmask, sxn_q, align, f64)
+    tl.store(y_base + (rr * y_step)[:, None], _cast_for(_finish(x, big, total, log), y_ptr),
+             mask=mask)
+
+
+@triton.jit
 def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
                         align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
                         dim_block: tl.constexpr, inner_block: tl.constexpr, single: tl.constexpr,
@@ -60,9 +78,7 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
     x_base = x_ptr + o * sxo_q * align + cols[None, :]
     y_base, y_step = _output_columns(y_ptr, o, cols, N, inner, columns)
     if single:
-        mask = (r[:, None] < N) & cmask
-        x = _acc(tl.load(x_base + (r * sxn_q * align)[:, None], mask=mask, other=float("-inf")),
-                 f64)
+        x, mask = _load_rows(x_base, r, N, cmask, sxn_q, align, f64)
         big = tl.max(x, axis=0, keep_dims=True)
         z = x - big
         e = tl.exp(z)
@@ -76,20 +92,13 @@ def _strided_fwd_kernel(x_ptr, y_ptr, N, inner_q, n_iblocks, sxo_q, sxn_q,
         m = _acc(tl.full([dim_block, inner_block], float("-inf"), tl.float32), f64)
         s = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
         for start in range(0, N, dim_block):
-            rr = start + r
-            mask = (rr[:, None] < N) & cmask
-            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
-                             other=float("-inf")), f64)
+            x, _ = _load_rows(x_base, start + r, N, cmask, sxn_q, align, f64)
             m, s = _online_step(m, s, x)
         big, total = _merge(m, s, 0)
         n_chunks = tl.cdiv(N, dim_block)
         for i in range(0, n_chunks):
-            rr = (n_chunks - 1 - i) * dim_block + r
-            mask = (rr[:, None] < N) & cmask
-            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
-                             other=float("-inf")), f64)
-            tl.store(y_base + (rr * y_step)[:, None],
-                     _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
+            _write_rows(x_base, y_base, y_ptr, (n_chunks - 1 - i) * dim_block + r, N, cmask,
+                        sxn_q, align, y_step, big, total, log, f64)
 
 
 _STRIDED_FWD = plan_launcher(_strided_fwd_kernel)
@@ -142,9 +151,7 @@ def _strided_split_kernel(x_ptr, y_ptr, ws_ptr, N, inner_q, n_iblocks, sxo_q, sx
         m = _acc(tl.full([dim_block, inner_block], float("-inf"), tl.float32), f64)
         s = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
         for t in range(0, chunk, dim_block):  # (chunk is a multiple of dim_block)
-            rr = start + t + r
-            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None],
-                             mask=(rr[:, None] < N) & cmask, other=float("-inf")), f64)
+            x, _ = _load_rows(x_base, start + t + r, N, cmask, sxn_q, align, f64)
             m, s = _online_step(m, s, x)
         big, total = _merge(m, s, 0)
         slot = ws_ptr + (o * splits + sp) * inner + cols
@@ -157,12 +164,8 @@ def _strided_split_kernel(x_ptr, y_ptr, ws_ptr, N, inner_q, n_iblocks, sxo_q, sx
         big, total = _merge(tl.load(slots, mask=ok, other=float("-inf")),
                             tl.load(slots + plane, mask=ok, other=0.0), 0)
         for t in range(0, chunk, dim_block):
-            rr = start + t + r
-            mask = (rr[:, None] < N) & cmask
-            x = _acc(tl.load(x_base + (rr * sxn_q * align)[:, None], mask=mask,
-                             other=float("-inf")), f64)
-            tl.store(y_base + (rr * y_step)[:, None],
-                     _cast_for(_finish(x, big, total, log), y_ptr), mask=mask)
+            _write_rows(x_base, y_base, y_ptr, start + t + r, N, cmask, sxn_q, align, y_step,
+                        big, total, log, f64)
 
 
 _STRIDED_SPLIT = plan_launcher(_strided_split_kernel)
