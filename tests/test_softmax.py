@@ -413,22 +413,67 @@ def test_columns_edges_and_gradient(cpu_triton):
         assert_grad(got, ref, torch.float32, "strided columns")
 
 
-def test_strided_split_configs_offered_to_tuning_only():
-    """Split configs (the dim over programs too) come for calls of fewer column blocks than
-    SMs with long columns, after every other config (the cold pick runs the first)."""
-    strided = get_op("softmax").backend("strided")
+def _h200_configs(x, dim):
+    call = sm.prepare_softmax(x, dim)
+    call.info = dataclasses.replace(call.info, sm_count=132)  # (an H200's SMs)
+    return get_op("softmax").backend("strided").configs(call)
 
-    def configs(x, dim):
-        call = sm.prepare_softmax(x, dim)
-        call.info = dataclasses.replace(call.info, sm_count=132)  # (an H200's SMs)
-        return strided.configs(call)
 
-    few_long = configs(torch.empty(32000, 64, device="meta").t(), -1)  # 4 blocks of 16 columns
-    assert "splits" not in few_long[0] and any("splits" in c for c in few_long)
-    assert all("splits" in c for c in few_long[few_long.index(next(
-        c for c in few_long if "splits" in c)):])
-    assert not any("splits" in c for c in configs(torch.empty(4096, 4096, device="meta").t(), -1))
-    assert not any("splits" in c for c in configs(torch.empty(64, 1000, 3, device="meta"), 1))
+def test_strided_split_first_for_few_long_columns():
+    """A dim that takes two passes over fewer column blocks than SMs is split over programs
+    first (chunks of about SPLIT_ROWS rows, at least two programs an SM); the unsplit configs
+    stay for tuning. Calls with blocks enough, or a dim held whole in registers, get no split."""
+    from opselect.kernels.softmax.strided import SPLIT_ROWS, SPLIT_ROWS_MIN, SPLITS_MAX
+
+    few_long = _h200_configs(torch.empty(32000, 64, dtype=torch.bfloat16, device="meta").t(),
+                             -1)  # 4 blocks of 16 columns
+    assert few_long[0] == {"inner_block": 16, "tile": 16384, "warp_scale": 1, "splits": 66}
+    assert any("splits" not in c for c in few_long)
+    assert all(2 <= c.get("splits", 2) <= min(SPLITS_MAX, -(-32000 // SPLIT_ROWS_MIN))
+               for c in few_long)
+    # dim=0 of a tall matrix is the same reduction: 1 block of 8 float32 columns, 34312 rows.
+    tall = _h200_configs(torch.empty(34312, 8, device="meta"), 0)
+    assert tall[0]["splits"] == min(SPLITS_MAX, max(-(-34312 // SPLIT_ROWS), 2 * 132))
+    # Many rows of the dim per block and splits to spare: segments of 64 bytes, not 32.
+    wide = _h200_configs(torch.empty(17555, 730, dtype=torch.bfloat16, device="meta"), 0)
+    assert wide[0]["inner_block"] == 32 and wide[0]["splits"] == -(-17555 // SPLIT_ROWS)
+    assert not any("splits" in c for c in _h200_configs(torch.empty(4096, 4096, device="meta").t(), -1))
+    assert not any("splits" in c for c in _h200_configs(torch.empty(64, 1000, 3, device="meta"), 1))
+
+
+def test_strided_columns_first_block():
+    """Columns written as rows take half the default columns a program first where the dim takes
+    two passes or blocks are fewer than SMs; not where the dim fits in registers and blocks are
+    plenty (a batch of transposed 1024 x 1024)."""
+    two_pass = _h200_configs(torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta").t(), -1)
+    assert two_pass[0]["inner_block"] == two_pass[1]["inner_block"] // 2
+    batched = _h200_configs(
+        torch.empty(32, 1024, 1024, dtype=torch.float16, device="meta").transpose(-1, -2), -1)
+    assert batched[0]["inner_block"] == 16 and batched[0]["warp_scale"] == 1
+    few = _h200_configs(torch.empty(831, 512, dtype=torch.bfloat16, device="meta").t(), -1)
+    assert few[0]["inner_block"] == 8
+
+
+def test_strided_split_estimate():
+    """The model charges a split call its second launch and pass, and a long unsplit walk its
+    steps: for few long columns the split's estimate is far below the unsplit first config's."""
+    from opselect.heuristics.device_model import known_gpu
+    from opselect.kernels.softmax.strided import StridedBackend
+    op = get_op("softmax")
+    call = op.prepare(torch.empty(32000, 64, dtype=torch.bfloat16, device="meta"), 0)
+    decision = op.what_if(call, known_gpu("H200"))
+    assert decision.choice == "strided" and "splits" in decision.config
+    est = next(c for c in decision.candidates if c.name == "strided")
+    assert "walk" not in est.parts and est.parts["memory"] > 0
+    call.info = known_gpu("H200")
+    assert StridedBackend._splits(call, 132)[0] == 66
+    # The same reduction unsplit (8 columns a program, tiles of 512 rows): its walk is long.
+    from opselect.dispatch.op import _device_models
+    from opselect.heuristics import softmax as cost
+    model = _device_models["defaults_for"](known_gpu("H200"))
+    unsplit = cost.strided(call, model, block_i=8, single=False, view=(1, 64, 1),
+                           steps=2 * 32000 // 512, warps=8, block_n=512)
+    assert unsplit.parts["walk"] > 4 * est.predicted_s
 
 
 def test_multirow_configs(cpu_triton):

@@ -35,6 +35,13 @@ from .softmax_shared import AUTOGRAD_ENGINE_HOST, L2_USABLE, busy, input_copy, o
 #: multirow tile (its reductions stay inside a warp or two).
 FUSED_TILE_S = 0.6e-6
 MULTIROW_TILE_S = 0.4e-6
+#: A strided program's step over a tile of a dim too long for its registers (load, online
+#: update; H200: few programs of long columns; fits/softmax.md, "Few long columns: the split").
+STRIDED_STEP_S = 1.08e-6
+#: A split strided call's traffic took this many times the terms above (H200, geometric mean of
+#: 8 calls of 3-270 MB; 1.2-2.6x): the second launch re-reads the columns at short-segment grain
+#: and waits for the first (fits/softmax.md, "Few long columns: the split").
+STRIDED_SPLIT_SLOW = 1.8
 UNALIGNED_EFF = 0.85  # rows off the 16-byte grid (no vector access): of the aligned rate
 TRITON_EFF = 0.92  # of the copy bandwidth, a single-pass Triton kernel
 #: Host seconds of a Triton backend's call beyond its launches and allocations: what a repeated
@@ -297,20 +304,27 @@ def online(call, model, *, split: int, cooperative: bool = False,
     return _triton_estimate(call, model, "online", host, parts)
 
 
-def strided(call, model, *, block_i: int, single: bool, view: tuple):
+def strided(call, model, *, block_i: int, single: bool, view: tuple, steps: int = 0,
+            splits: int = 0, warps: int = 8, block_n: int = 1):
     """view: (outer, inner, alignment in elements) of what the kernel reads, x's columns in place
-    where call.columns (no copy first)."""
+    where call.columns (no copy first). A dim too long for registers (not single) is walked in
+    `steps` tiles of block_n x block_i a program, one after another: with few programs that
+    walk, not the bandwidth, sets the time (STRIDED_STEP_S). splits: the dim in that many
+    chunks of programs of their own, two launches (the chunks' statistics, then the writes)."""
     op, (outer, inner, align), columns = op_name(call), view, call.columns is not None
-    host = _host(call, model, in_place=columns)
+    host = _host(call, model, in_place=columns, kernels=2 if splits else 1,
+                 allocations=2 if splits else 1)
     if call.numel == 0:
         return model.estimate(op, "strided", triton=True, launch=host)
     parts = {} if columns else _prepass(call, model)
     e_in, e_out = call.in_bytes, call.out_dtype.itemsize
-    programs = outer * math.ceil(inner / block_i)
+    programs = outer * math.ceil(inner / block_i) * max(1, splits)
     if single:
         reads = 1.0
     else:
-        in_flight = min(programs, 4 * model.sm_count) * call.n * block_i * e_in
+        # The second pass re-reads what the programs in flight read (all of it, split).
+        in_flight = (call.numel if splits else
+                     min(programs, 4 * model.sm_count) * call.n * block_i) * e_in
         reuse = min(1.0, L2_USABLE * model.l2_bytes / in_flight)
         reads = 2.0 - reuse
         parts["l2"] = call.numel * reuse * e_in / model.l2_bandwidth
@@ -320,4 +334,14 @@ def strided(call, model, *, block_i: int, single: bool, view: tuple):
         # sectors, mostly from L2, at some cost.
         eff *= 0.6 + 0.4 * block_i * e_in / 128
     parts["memory"] = model.stream(call.numel * (reads * e_in + e_out)) / eff
+    if splits:
+        parts["memory"] *= STRIDED_SPLIT_SLOW
+        parts["l2"] *= STRIDED_SPLIT_SLOW
+    if not single:
+        # The programs' walks overlap the traffic: the longer of the two sets the time.
+        resident = _resident(model, warps, block_n * block_i, call.f64)
+        walk = math.ceil(programs / resident) * steps * STRIDED_STEP_S
+        if walk > parts["memory"] + parts["l2"]:
+            del parts["memory"], parts["l2"]
+            parts["walk"] = walk
     return _triton_estimate(call, model, "strided", host, parts)

@@ -278,6 +278,12 @@ def _strided_fwd(plan: StridedPlan, call: SoftmaxCall):
                        call.x.device)
 
 
+#: Split configs: chunks of about this many rows of the dim, at most SPLITS_MAX of them (the
+#: merge holds a column's partials in one tile), none shorter than SPLIT_ROWS_MIN rows
+#: (fits/softmax.md, "Few long columns: the split").
+SPLIT_ROWS = 1024
+SPLIT_ROWS_MIN = 256
+SPLITS_MAX = 128
 #: The keys of strided's configs (and of its split configs).
 CONFIG_KEYS = frozenset({"inner_block", "tile", "warp_scale"})
 SPLIT_KEYS = CONFIG_KEYS | {"splits"}
@@ -295,13 +301,36 @@ class StridedBackend(ForwardBackend):
     @staticmethod
     def _blocks(call: SoftmaxCall, sms: int) -> tuple[int, int, int]:
         """(tile, the default inner_block, the first config's): columns written as rows take
-        half as many columns a program first, as tuning chose on every such call the H200 tuned
-        where the two differed (7 of 7 in bench_random, 1.1-1.55x; fits/softmax.md, "Rows of a
-        transposed matrix")."""
+        half as many columns a program first where the dim takes two passes or the default's
+        blocks are fewer than SMs: more programs to hide the loop's latency (H200: 1.1-1.6x on
+        8 of 8 such calls; where the whole dim fits in registers and blocks are plenty, half
+        lost 1.1-1.3x; fits/softmax.md, "Rows of a transposed matrix")."""
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
         _, outer, n, inner, _, _ = strided_view(call)
-        bi = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile)[0]
-        return tile, bi, (bi // 2 if call.columns is not None and bi > 1 else bi)
+        bi, _, single = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile)
+        few = outer * cdiv(inner, bi) < sms
+        halve = call.columns is not None and bi > 1 and (not single or few)
+        return tile, bi, (bi // 2 if halve else bi)
+
+    @staticmethod
+    def _splits(call: SoftmaxCall, sms: int) -> tuple[int, int]:
+        """(splits, inner_block) of the first config; splits 0: none. A dim that takes two passes
+        over fewer column blocks than SMs goes in chunks of about SPLIT_ROWS rows, at least two
+        programs an SM; a dim of x's own layout (not columns written as rows) with segments twice
+        the default's where that still leaves two programs an SM (fits/softmax.md, "Few long
+        columns: the split")."""
+        tile = TILE_MAX // 2 if call.f64 else TILE_MAX
+        _, outer, n, inner, _, _ = strided_view(call)
+        bi, _, single = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile)
+        if single or outer * cdiv(inner, bi) >= sms:
+            return 0, bi
+        wide = min(2 * bi, next_pow2(inner))
+        if call.columns is None and outer * cdiv(inner, wide) * cdiv(n, SPLIT_ROWS) >= 2 * sms:
+            bi = wide  # (columns written as rows lost 4-5% with them)
+        blocks = outer * cdiv(inner, bi)
+        splits = min(max(cdiv(n, SPLIT_ROWS), cdiv(2 * sms, blocks)), SPLITS_MAX,
+                     cdiv(n, SPLIT_ROWS_MIN))
+        return (splits, bi) if splits >= 2 else (0, bi)
 
     def configs(self, call: SoftmaxCall) -> list[dict]:
         tile, bi, first = self._blocks(call, call.info.sm_count)
@@ -314,14 +343,17 @@ class StridedBackend(ForwardBackend):
                                                  "warp_scale": 1})
         if bi < next_pow2(inner):
             cfgs.append({"inner_block": 2 * bi, "tile": tile, "warp_scale": 1})
-        blocks = outer * cdiv(inner, cfgs[0]["inner_block"])
-        if blocks < call.info.sm_count and n >= 4096:
-            # Too few column blocks to fill the GPU, and long columns: the dim split over
-            # programs too. Offered to tuning only (after the others: the cold pick is the first
-            # config, and the model has no term for a split yet; not yet timed on a GPU).
-            want = max(2, min(64, next_pow2(cdiv(2 * call.info.sm_count, blocks))))
-            for splits in (want, 2 * want):
-                cfgs.append({**cfgs[0], "splits": splits})
+        splits, split_block = self._splits(call, call.info.sm_count)
+        if splits:
+            # Few long columns: the dim split over programs too, first; then half the columns
+            # a program (more programs) and twice the splits, for tuning.
+            base = {"inner_block": split_block, "tile": tile, "warp_scale": 1}
+            more = [{**base, "splits": splits}]
+            if split_block > 1:
+                more.append({**base, "inner_block": split_block // 2, "splits": splits})
+            if 2 * splits <= min(SPLITS_MAX, cdiv(n, SPLIT_ROWS_MIN)):
+                more.append({**base, "splits": 2 * splits})
+            cfgs = more + cfgs
         return cfgs
 
     def config_keys(self, config) -> frozenset:
@@ -342,9 +374,18 @@ class StridedBackend(ForwardBackend):
         return _strided_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
-        tile, _, first = self._blocks(call, model.sm_count)  # (the first config's block)
+        tile, bi, first = self._blocks(call, model.sm_count)  # (the first config's block)
         _, outer, n, inner, so, sn = strided_view(call)
+        view = (outer, inner, _align(inner, so, sn))
+        splits, split_block = self._splits(call, model.sm_count)
+        if splits:
+            plan = strided_split_fwd_plan(call, split_block, tile, 1, splits)
+            chunk, splits = plan.ints[5], plan.ints[6]
+            return cost.strided(call, model, block_i=plan.inner_block, single=False, view=view,
+                                steps=2 * cdiv(chunk, plan.dim_block), splits=splits,
+                                warps=plan.num_warps, block_n=plan.dim_block)
         bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count, first,
                                        tile)
-        return cost.strided(call, model, block_i=bi, single=single,
-                            view=(outer, inner, _align(inner, so, sn)))
+        return cost.strided(call, model, block_i=bi, single=single, view=view,
+                            steps=0 if single else 2 * cdiv(n, bn), warps=_warps(bi * bn),
+                            block_n=bn)
