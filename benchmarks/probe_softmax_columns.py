@@ -5,7 +5,10 @@ the providers interleaved over rounds (median of the rounds' medians, and their 
 is a contiguous copy of the same bytes (the floor of one read and one write), `auto` the cold
 model's pick (no tune cache).
 
-    python benchmarks/probe_softmax_columns.py [--rounds 3] [--json out.json] [--smoke]
+    python benchmarks/probe_softmax_columns.py [--rounds 3] [--json out.json] [--smoke] [--configs [--splits 2,4]]
+
+--configs adds each of strided's configs as a provider of its own ("strided#i": the i-th of
+`configs(call)`, #0 the cold pick's), through its prepared call, as tuning times them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from opselect.kernels.softmax.call import prepare_softmax  # noqa: E402
 CASES = [((4096, 4096), torch.bfloat16, False), ((2967, 22615), torch.float16, False),
          ((9661, 6946), torch.float32, True), ((1205, 55691), torch.bfloat16, False),
          ((64, 32000), torch.bfloat16, False), ((32, 1024, 1024), torch.float16, False),
-         ((8, 512, 512), torch.float32, False), ((512, 831), torch.bfloat16, False)]
+         ((8, 512, 512), torch.float32, False), ((512, 831), torch.bfloat16, False),
+         ((16, 65536), torch.float32, False), ((256, 16384), torch.float16, True)]
 SMOKE = [((6, 40), torch.float32, False), ((2, 5, 9), torch.float32, True)]
 
 
@@ -39,6 +43,30 @@ def transposed(shape, dtype, device) -> torch.Tensor:
     stored = list(shape)
     stored[-2:] = stored[-1:-3:-1]
     return torch.randn(stored, device=device, dtype=torch.float32).to(dtype).transpose(-1, -2)
+
+
+def config_providers(x: torch.Tensor, log: bool, splits: list[int]) -> dict:
+    """strided's configs, each through its prepared call (Backend.bind) or, where a config is
+    not prepared, Backend.run; then the first config split `s` ways for each s in `splits`
+    ("strided/s"), and the second ("strided/s@its inner_block"), offered or not."""
+    op = get_op("log_softmax" if log else "softmax")
+    backend = op.backend("strided")
+    call = op.prepare(x, -1)
+    if backend.supports(call) is not None:
+        return {}
+    out = {}
+    configs = backend.configs(call)
+    named = [(f"strided#{i}", c) for i, c in enumerate(configs)]
+    bases = [c for c in configs[:2] if "splits" not in c]  # (#1: #0 with twice the columns)
+    named += [(f"strided/{s}" + ("" if b is bases[0] else f"@{b['inner_block']}"),
+               {**b, "splits": s}) for b in bases[:2] for s in splits
+              if {**b, "splits": s} not in configs]
+    for name, config in named:
+        bound = backend.bind(call, config)
+        out[name] = ((lambda b=bound, a=call.inputs(): b(*a)) if bound is not None
+                     else (lambda c=config: backend.run(call, c)))
+        print(f"  {name}: {config}")
+    return out
 
 
 def providers(x: torch.Tensor, log: bool) -> dict:
@@ -73,6 +101,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--configs", action="store_true", help="time each of strided's configs")
+    ap.add_argument("--splits", default="", help="with --configs: comma list of splits to time "
+                                                 "on every case, offered or not")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = {}
@@ -80,6 +111,8 @@ def main() -> None:
         torch.manual_seed(0)
         x = transposed(shape, dtype, device)
         fns = providers(x, log)
+        if args.configs:
+            fns.update(config_providers(x, log, [int(v) for v in args.splits.split(",") if v]))
         want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         for name, f in fns.items():
@@ -89,7 +122,7 @@ def main() -> None:
         op = get_op("log_softmax" if log else "softmax")
         pick = op.decide(op.prepare(x, -1), tune=False).choice
         case = f"{'log_' if log else ''}softmax {'x'.join(map(str, shape))} {str(dtype)[6:]}"
-        print(f"{case}: {', '.join(n for n in fns if n != 'copy')} ok")
+        print(f"{case}: {', '.join(n for n in fns if n != 'copy')} ok", flush=True)
         times = time_all(fns, args.rounds, device)
         results[case] = {"times": times, "auto_pick": str(pick)}
         copy = times["copy"]["median_us"]

@@ -1,0 +1,124 @@
+"""softmax over few long columns: the calls strided now splits over programs (the dim in chunks,
+two launches), against its unsplit configs, torch and the row backends. The calls are those of
+the committed bench_random softmax runs (every seed, fit and report) that `_splits` splits, and a
+few dim=0 / dim=1 shapes of our own. Device time only (do_bench, L2 flushed), the providers in
+turns over --rounds rounds (3; median); each strided config runs through its prepared call, as tuning
+times it; `fused` / `online` through Backend.run.
+
+    python benchmarks/probe_softmax_split.py [--json out.json] [--limit N] [--rounds 3] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("OPSELECT_CACHE_DIR", tempfile.mkdtemp(prefix="opselect-split-"))
+
+import torch  # noqa: E402
+
+import bench_random  # noqa: E402
+from opselect.dispatch import get_op  # noqa: E402
+from opselect.heuristics.device_model import known_gpu  # noqa: E402
+from opselect.kernels.softmax.strided import StridedBackend  # noqa: E402
+
+#: (shape, dim, dtype) beyond the random calls: tall matrices over dim 0, long middle dims.
+OWN = [((16, 4096, 64), 1, torch.float32), ((32000, 64), 0, torch.bfloat16),
+       ((8192, 128), 0, torch.float16), ((4, 100000, 16), 1, torch.float32),
+       ((239, 63263, 4), 1, torch.bfloat16)]
+SMOKE = [((2, 600, 3), 1, torch.float32)]
+
+
+def random_calls() -> list[tuple[str, dict]]:
+    """The committed H200 random calls that strided takes and splits on an H200."""
+    seen, out = set(), []
+    for path in sorted(glob.glob(str(ROOT / "benchmarks/results/h200/random_*softmax*.json"))):
+        data = json.loads(Path(path).read_text())
+        for section in ("fit", "report"):
+            for row in data.get(section, {}).get("rows", []):
+                spec = row["spec"]
+                if spec["op"] not in ("softmax", "log_softmax") or row["call"] in seen:
+                    continue
+                op = get_op(spec["op"])
+                args, kwargs = bench_random.make(spec, torch.device("meta"))
+                call = op.prepare(*args, **kwargs)
+                call.info = known_gpu("H200")
+                if (op.backend("strided").supports(call) is None
+                        and StridedBackend._splits(call, call.info.sm_count)[0]):
+                    seen.add(row["call"])
+                    out.append((row["call"], spec))
+    return out
+
+
+def providers(op, call) -> dict:
+    strided = op.backend("strided")
+    fns = {"torch": lambda: op.backend("torch").run(call, {})}
+    for i, config in enumerate(strided.configs(call)):
+        tag = f"#{i}" + (f"s{config['splits']}" if "splits" in config else "")
+        bound = strided.bind(call, config)
+        fns[f"{tag}@{config['inner_block']}w{config['warp_scale']}"] = (
+            (lambda b=bound: b(*call.inputs())) if bound is not None
+            else (lambda c=config: strided.run(call, c)))
+    for name in ("fused", "online"):
+        backend = op.backend(name)
+        if backend.supports(call) is None:
+            fns[name] = lambda b=backend: b.run(call, b.configs(call)[0])
+    return fns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default="")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N calls")
+    ap.add_argument("--smoke", action="store_true", help="one tiny call, any device")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cases = [] if args.smoke else random_calls()
+    for shape, dim, dtype in (SMOKE if args.smoke else OWN):
+        cases.append((f"softmax {'x'.join(map(str, shape))} dim={dim} {str(dtype)[6:]}",
+                      {"own": (shape, dim, dtype)}))
+    results = {}
+    for name, spec in cases[:args.limit or None]:
+        if "own" in spec:
+            shape, dim, dtype = spec["own"]
+            op, a, kw = get_op("softmax"), (torch.randn(shape, device=device).to(dtype), dim), {}
+        else:
+            op = get_op(spec["op"])
+            a, kw = bench_random.make(spec, device)
+        call = op.prepare(*a, **kw)
+        fns = providers(op, call)
+        want = fns["torch"]().double()
+        tol = 1e-5 if call.x.dtype in (torch.float32, torch.float64) else 2e-2
+        for label, fn in fns.items():
+            torch.testing.assert_close(fn().double(), want, atol=tol, rtol=1e-2, equal_nan=True,
+                                       msg=lambda m: f"{name} {label}: {m}")
+        pick = op.decide(call, tune=False)
+        if device.type != "cuda":
+            print(f"{name}: {', '.join(fns)} ok (pick {pick.choice} {pick.config})")
+            continue
+        from triton.testing import do_bench
+
+        samples = {k: [] for k in fns}
+        for r in range(args.rounds):
+            for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                samples[k].append(do_bench(fns[k], return_mode="median") * 1e3)
+        us = {k: statistics.median(v) for k, v in samples.items()}
+        results[name] = {"us": us, "pick": pick.choice, "config": pick.config}
+        print(f"{name}: pick {pick.choice} {pick.config}\n   "
+              + " ".join(f"{k}={v:.1f}" for k, v in us.items()), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
