@@ -5,7 +5,8 @@ the providers interleaved over rounds (median of the rounds' medians, and their 
 is a contiguous copy of the same bytes (the floor of one read and one write), `auto` the cold
 model's pick (no tune cache).
 
-    python benchmarks/probe_softmax_columns.py [--rounds 3] [--json out.json] [--smoke] [--configs [--splits 2,4]]
+    python benchmarks/probe_softmax_columns.py [--rounds 3] [--json out.json] [--smoke]
+        [--configs [--splits 2,4]]
 
 --configs adds each of strided's configs as a provider of its own ("strided#i": the i-th of
 `configs(call)`, #0 the cold pick's), through its prepared call, as tuning times them.

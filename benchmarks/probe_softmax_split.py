@@ -2,8 +2,8 @@
 two launches), against its unsplit configs, torch and the row backends. The calls are those of
 the committed bench_random softmax runs (every seed, fit and report) that `_splits` splits, and a
 few dim=0 / dim=1 shapes of our own. Device time only (do_bench, L2 flushed), the providers in
-turns over --rounds rounds (3; median); each strided config runs through its prepared call, as tuning
-times it; `fused` / `online` through Backend.run.
+turns over --rounds rounds (3; median); each strided config runs through its prepared call, as
+tuning times it; `fused` / `online` through Backend.run.
 
     python benchmarks/probe_softmax_split.py [--json out.json] [--limit N] [--rounds 3] [--smoke]
 """

@@ -437,7 +437,11 @@ def test_strided_split_first_for_few_long_columns():
     # Many rows of the dim per block and splits to spare: segments of 64 bytes, not 32.
     wide = _h200_configs(torch.empty(17555, 730, dtype=torch.bfloat16, device="meta"), 0)
     assert wide[0]["inner_block"] == 32 and wide[0]["splits"] == -(-17555 // SPLIT_ROWS)
-    assert not any("splits" in c for c in _h200_configs(torch.empty(4096, 4096, device="meta").t(), -1))
+    many = _h200_configs(torch.empty(4096, 4096, device="meta").t(), -1)
+    assert not any("splits" in c for c in many)
+    # A short walk unsplit (8 tiles of 2048 x 2 columns): a second launch would cost more.
+    short = _h200_configs(torch.empty(6517, 3, dtype=torch.bfloat16, device="meta").t(), -1)
+    assert not any("splits" in c for c in short)
     assert not any("splits" in c for c in _h200_configs(torch.empty(64, 1000, 3, device="meta"), 1))
 
 

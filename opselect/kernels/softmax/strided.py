@@ -284,6 +284,10 @@ def _strided_fwd(plan: StridedPlan, call: SoftmaxCall):
 SPLIT_ROWS = 1024
 SPLIT_ROWS_MIN = 256
 SPLITS_MAX = 128
+#: No split where the unsplit first config walks fewer tiles than this (about 15 us of walk on
+#: the H200): the second launch costs more than it saves there (3 x 6517 bf16 transposed: 8.9 us
+#: split against 7.6; 557 x 3060: 17.4 against 16.4).
+SPLIT_MIN_TILES = 14
 #: The keys of strided's configs (and of its split configs).
 CONFIG_KEYS = frozenset({"inner_block", "tile", "warp_scale"})
 SPLIT_KEYS = CONFIG_KEYS | {"splits"}
@@ -315,14 +319,14 @@ class StridedBackend(ForwardBackend):
     @staticmethod
     def _splits(call: SoftmaxCall, sms: int) -> tuple[int, int]:
         """(splits, inner_block) of the first config; splits 0: none. A dim that takes two passes
-        over fewer column blocks than SMs goes in chunks of about SPLIT_ROWS rows, at least two
-        programs an SM; a dim of x's own layout (not columns written as rows) with segments twice
-        the default's where that still leaves two programs an SM (fits/softmax.md, "Few long
-        columns: the split")."""
-        tile = TILE_MAX // 2 if call.f64 else TILE_MAX
+        over fewer column blocks than SMs, SPLIT_MIN_TILES tiles or more a program unsplit, goes
+        in chunks of about SPLIT_ROWS rows, at least two programs an SM; a dim of x's own layout
+        (not columns written as rows) with segments twice the default's where that still leaves
+        two programs an SM (fits/softmax.md, "Few long columns: the split")."""
+        tile, bi, first = StridedBackend._blocks(call, sms)
         _, outer, n, inner, _, _ = strided_view(call)
-        bi, _, single = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile)
-        if single or outer * cdiv(inner, bi) >= sms:
+        _, first_n, single = _strided_plan(n, inner, outer, call.in_bytes, sms, first, tile)
+        if single or outer * cdiv(inner, bi) >= sms or 2 * cdiv(n, first_n) < SPLIT_MIN_TILES:
             return 0, bi
         wide = min(2 * bi, next_pow2(inner))
         if call.columns is None and outer * cdiv(inner, wide) * cdiv(n, SPLIT_ROWS) >= 2 * sms:
