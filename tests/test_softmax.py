@@ -423,7 +423,7 @@ def test_strided_split_first_for_few_long_columns():
     """A dim that takes two passes over fewer column blocks than SMs is split over programs
     first (chunks of about SPLIT_ROWS rows, at least two programs an SM); the unsplit configs
     stay for tuning. Calls with blocks enough, or a dim held whole in registers, get no split."""
-    from opselect.kernels.softmax.strided import SPLIT_ROWS, SPLIT_ROWS_MIN, SPLITS_MAX
+    from opselect.heuristics.softmax import SPLIT_ROWS, SPLIT_ROWS_MIN, SPLITS_MAX
 
     few_long = _h200_configs(torch.empty(32000, 64, dtype=torch.bfloat16, device="meta").t(),
                              -1)  # 4 blocks of 16 columns
@@ -766,8 +766,9 @@ def test_backward_paths(cpu_triton, monkeypatch, log):
     a non-contiguous upstream gradient, and a widening dtype= (dx in the input's dtype)."""
     patch_everywhere(monkeypatch, "BWD_SINGLE_MAX", 64)
     patch_everywhere(monkeypatch, "BWD_SINGLE_MAX_F64", 64)
+    from opselect.heuristics import softmax as cost
     grids = spy(monkeypatch, "_rows_bwd_kernel", "_split_bwd_sum_kernel",
-                "_split_bwd_apply_kernel", "_strided_bwd_kernel")
+                "_split_bwd_apply_kernel", "_strided_bwd_kernel", "_strided_split_bwd_kernel")
     torch.manual_seed(10)
     # rows longer than BWD_SINGLE_MAX, more rows than SMs: the rows kernel, two passes
     set_sm_count(monkeypatch, 2)
@@ -782,13 +783,31 @@ def test_backward_paths(cpu_triton, monkeypatch, log):
     assert_grad(got, ref, torch.float64, "split rows")
     assert len(grids["_split_bwd_sum_kernel"]) == len(grids["_split_bwd_apply_kernel"]) == 1
     assert grids["_split_bwd_sum_kernel"][0][0] > 1
-    # strided with the dim in chunks
+    # strided with the dim in chunks (a walk too short to split)
     patch_everywhere(monkeypatch, "TILE_MAX", 64)
+    monkeypatch.setattr(cost, "SPLIT_MIN_TILES", 10 ** 6)
     x = torch.randn(2, 50, 6)
     got, ref = grads(x, 1, log, "strided", torch.randn(x.shape))
     assert_grad(got, ref, torch.float32, "strided chunks")
-    assert len(grids["_strided_bwd_kernel"]) == 1
+    assert len(grids["_strided_bwd_kernel"]) == 1 and not grids["_strided_split_bwd_kernel"]
     assert not sm._strided_plan(50, 6, 2, 4, 8, tile=32)[2]
+    # few long columns: the dim split over programs too (partial sums per chunk, then dx), a
+    # short last chunk; dy transposed in memory and dy of bfloat16 columns
+    monkeypatch.setattr(cost, "SPLIT_MIN_TILES", 2)
+    monkeypatch.setattr(cost, "SPLIT_ROWS", 12)
+    monkeypatch.setattr(cost, "SPLIT_ROWS_MIN", 4)
+    # (shapes of their own: the backward is kept per shape and dy's strides)
+    for x, g, what in ((torch.randn(2, 52, 6), torch.randn(2, 52, 6), "strided split"),
+                       (torch.randn(2, 53, 6), torch.randn(6, 53, 2).permute(2, 1, 0),
+                        "strided split, transposed upstream"),
+                       (torch.randn(1, 45, 5).bfloat16(), torch.randn(1, 45, 5),
+                        "strided split, bfloat16")):
+        before = len(grids["_strided_split_bwd_kernel"])
+        got, ref = grads(x, 1, log, "strided", g)
+        assert_grad(got, ref, x.dtype, what)
+        launches = grids["_strided_split_bwd_kernel"][before:]
+        assert len(launches) == 2 and launches[0] == launches[1], what  # two phases, one grid
+    assert len(grids["_strided_bwd_kernel"]) == 1
     # upstream gradient with stride 0 (from expand) and transposed
     x = torch.randn(4, 9)
     got, ref = grads(x, -1, log, "multirow", torch.randn(1, 9).expand(4, 9))
@@ -1120,6 +1139,22 @@ def test_gpu_strided_split(cuda):
             for log in (False, True):
                 assert_matches(run_config(x, dim, log, "strided", config), x, dim, log,
                                backend=f"strided {config}")
+
+
+@pytest.mark.gpu
+def test_gpu_strided_split_backward(cuda, monkeypatch):
+    """The strided backward split over the dim at real sizes (few long columns: dim 0 of a tall
+    matrix, dim 1 of few columns), forward and backward against float64 torch."""
+    grids = spy(monkeypatch, "_strided_split_bwd_kernel")
+    torch.manual_seed(24)
+    for shape, dim, dtype in (((32000, 64), 0, torch.bfloat16), ((4, 100000, 16), 1, torch.float32),
+                              ((13677, 20), 0, torch.float16)):
+        x = (torch.randn(shape, device=cuda) * 2).to(dtype)
+        for log in (False, True):
+            before = len(grids["_strided_split_bwd_kernel"])
+            got, ref = grads(x, dim, log, "strided", torch.randn(shape, device=cuda))
+            assert_grad(got, ref, dtype, f"strided split backward {shape} {dtype}")
+            assert len(grids["_strided_split_bwd_kernel"]) == before + 2
 
 
 @pytest.mark.gpu

@@ -42,6 +42,14 @@ STRIDED_STEP_S = 1.08e-6
 #: 8 calls of 3-270 MB; 1.2-2.6x): the second launch re-reads the columns at short-segment grain
 #: and waits for the first (fits/softmax.md, "Few long columns: the split").
 STRIDED_SPLIT_SLOW = 1.8
+#: Strided splits (strided_splits): chunks of about SPLIT_ROWS rows of the dim, at most
+#: SPLITS_MAX of them (the merge holds a column's partials in one tile), none shorter than
+#: SPLIT_ROWS_MIN rows; none where the unsplit programs walk fewer than SPLIT_MIN_TILES tiles
+#: (about 15 us on the H200: the second launch costs more than it saves there).
+SPLIT_ROWS = 1024
+SPLIT_ROWS_MIN = 256
+SPLITS_MAX = 128
+SPLIT_MIN_TILES = 14
 UNALIGNED_EFF = 0.85  # rows off the 16-byte grid (no vector access): of the aligned rate
 TRITON_EFF = 0.92  # of the copy bandwidth, a single-pass Triton kernel
 #: Host seconds of a Triton backend's call beyond its launches and allocations: what a repeated
@@ -134,9 +142,10 @@ def _warps(elements: int) -> int:
 # The backward (call.grad)
 # ---------------------------------------------------------------------------------------------
 def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
-                          sm_count: int) -> tuple[int, bool]:
-    """(inner_block, single) of the strided backward: common._strided_plan with a tile of
-    BWD_STRIDED_TILE (the heuristics do not import the kernels; a test keeps the two equal)."""
+                          sm_count: int) -> tuple[int, int, bool]:
+    """(inner_block, dim_block, single) of the strided backward: common._strided_plan with a
+    tile of BWD_STRIDED_TILE (the heuristics do not import the kernels; a test keeps the two
+    equal)."""
     pn = _pow2(n)
     wide_i = max(1, min(_pow2(inner), 128 // itemsize))
     min_i = max(1, min(_pow2(inner), 32 // itemsize))
@@ -146,7 +155,24 @@ def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
     while block_i > min_i and outer * _cdiv(inner, block_i) < 2 * sm_count:
         block_i //= 2
     block_i = max(1, min(block_i, _pow2(inner)))
-    return block_i, pn * block_i <= BWD_STRIDED_TILE
+    if pn * block_i <= BWD_STRIDED_TILE:
+        return block_i, pn, True
+    return block_i, max(1, min(pn, BWD_STRIDED_TILE // (4 * block_i))), False
+
+
+def strided_splits(n: int, inner: int, outer: int, block_i: int, tiles: int, sm_count: int
+                   ) -> int:
+    """Chunks of the dim for a strided call whose programs (outer x inner / block_i column
+    blocks) walk `tiles` tiles each unsplit, forward or backward; 0: no split. Only where the
+    blocks are fewer than SMs and the walk is SPLIT_MIN_TILES or longer: chunks of about
+    SPLIT_ROWS rows, at least two programs an SM, at most SPLITS_MAX chunks, none shorter than
+    SPLIT_ROWS_MIN (fits/softmax.md, "Few long columns: the split")."""
+    blocks = outer * _cdiv(inner, block_i)
+    if blocks >= sm_count or tiles < SPLIT_MIN_TILES:
+        return 0
+    splits = min(max(_cdiv(n, SPLIT_ROWS), _cdiv(2 * sm_count, blocks)), SPLITS_MAX,
+                 _cdiv(n, SPLIT_ROWS_MIN))
+    return splits if splits >= 2 else 0
 
 
 def _triton_backward(call, model) -> tuple[dict, float, str]:
@@ -164,14 +190,28 @@ def _triton_backward(call, model) -> tuple[dict, float, str]:
     eff = TRITON_EFF * (1.0 if (step * e_y) % 16 == 0 else UNALIGNED_EFF)
     latency, in_flight = 0.0, None  # in_flight: bytes the sum pass reads before they are re-read
     if inner > 1:
-        block_i, single = strided_backward_plan(n, inner, outer, e_y, model.sm_count)
+        block_i, block_n, single = strided_backward_plan(n, inner, outer, e_y, model.sm_count)
         programs = outer * _cdiv(inner, block_i)
         eff *= STRIDED_BWD_EFF
         if block_i < inner and block_i * e_y < 128:
             eff *= 0.6 + 0.4 * block_i * e_y / 128  # short segments, as the forward's
+        note = "backward: strided tiles"
         if not single:
-            in_flight = min(programs, 4 * model.sm_count) * n * block_i * sum_bytes
-        note = "backward: strided tiles" + ("" if single else ", two passes over the dim")
+            tiles = 2 * _cdiv(n, block_n)
+            splits = strided_splits(n, inner, outer, block_i, tiles, model.sm_count)
+            if splits:
+                # Few long columns: the partial sums of each chunk, then dx (a second launch).
+                programs *= splits
+                in_flight = numel * sum_bytes
+                tiles = 2 * _cdiv(_cdiv(n, splits), block_n)
+                host += BOUND_LAUNCH + ALLOCATION
+                note += ", the dim split over programs"
+            else:
+                in_flight = min(programs, 4 * model.sm_count) * n * block_i * sum_bytes
+                note += ", two passes over the dim"
+            # Each program's walk over its tiles (the forward's STRIDED_STEP_S).
+            resident = _resident(model, _warps(block_n * block_i), 2 * block_n * block_i, f64)
+            latency = math.ceil(programs / resident) * tiles * STRIDED_STEP_S
     elif n > (BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX) and outer < model.sm_count:
         split = max(1, min(_cdiv(2 * model.sm_count, outer), _cdiv(n, BWD_SPLIT_CHUNK)))
         chunk = _cdiv(_cdiv(n, split), BWD_SPLIT_CHUNK) * BWD_SPLIT_CHUNK

@@ -48,8 +48,8 @@ import torch
 from ...dispatch.backend import TorchBackend
 from ...dispatch.op import Op, register
 from ...heuristics import softmax_torch
-from .autograd import (_ROWS_BWD, _SPLIT_BWD_APPLY, _SPLIT_BWD_SUM, _STRIDED_BWD, _with_backward,
-                       backward, kernels_cannot_read)
+from .autograd import (_ROWS_BWD, _SPLIT_BWD_APPLY, _SPLIT_BWD_SUM, _STRIDED_BWD,
+                       _STRIDED_SPLIT_BWD, _with_backward, backward, kernels_cannot_read)
 from .call import (_WIDENING, CALIBRATION, SoftmaxCall, _torch_softmax, prepare_log_softmax,
                    prepare_softmax, replay, sample)
 from .common import _ROWS_FWD, _strided_plan
@@ -67,7 +67,7 @@ __all__ = ["OP", "SOFTMAX_OP", "LOG_SOFTMAX_OP", "LAUNCHERS", "SoftmaxCall", "pr
 # Every launcher of the package by its kernel's name (tests launch each under a checked spec).
 LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
     _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _STRIDED_FWD, _STRIDED_SPLIT,
-    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD)}
+    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD, _STRIDED_SPLIT_BWD)}
 
 
 def _make_op(name: str, prepare) -> Op:

@@ -1,8 +1,10 @@
 """softmax's autograd: one autograd.Function whose backward runs its own kernels whichever
-forward backend ran (rows in registers, rows in two passes or split over programs, strided tiles)."""
+forward backend ran (rows in registers, rows in two passes or split over programs, strided
+tiles, strided tiles split over the dim)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ...dispatch.device import device_info
+from ...heuristics import softmax as cost
 from ...dispatch.backend import PlannedBackend
 from .._common import allocator, cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall, _collapse
@@ -137,6 +140,38 @@ def _split_bwd_apply_kernel(y_ptr, g_ptr, dx_ptr, t_ptr, n_q, sg_q, chunk, split
 
 
 @triton.jit
+def _bwd_columns(y_ptr, g_ptr, dx_ptr, o, ib, N, inner, sgo_q, align,
+                 inner_block: tl.constexpr):
+    """A strided backward program's columns: their mask and the column bases of y, dx and dy."""
+    cols = ib * inner_block + tl.arange(0, inner_block)
+    y_base = y_ptr + o * N * inner + cols[None, :]
+    dx_base = dx_ptr + o * N * inner + cols[None, :]
+    g_base = g_ptr + o * sgo_q * align + cols[None, :]
+    return cols, cols[None, :] < inner, y_base, dx_base, g_base
+
+
+@triton.jit
+def _bwd_tile_sum(y_base, g_base, rr, N, cmask, inner, sgn_q, align, log: tl.constexpr,
+                  f64: tl.constexpr):
+    """A tile's terms of the columns' sums (rows rr of the dim): dy, or dy * y for softmax."""
+    mask = (rr[:, None] < N) & cmask
+    g = _acc(tl.load(g_base + (rr * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
+    if log:
+        return g
+    return g * _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), f64)
+
+
+@triton.jit
+def _bwd_tile_write(y_base, g_base, dx_base, dx_ptr, rr, N, cmask, inner, sgn_q, align, t,
+                    log: tl.constexpr, f64: tl.constexpr):
+    """dx of a tile (rows rr of the dim) from the columns' sums t."""
+    mask = (rr[:, None] < N) & cmask
+    y = _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), f64)
+    g = _acc(tl.load(g_base + (rr * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
+    tl.store(dx_base + (rr * inner)[:, None], _cast_for(_grad(y, g, t, log), dx_ptr), mask=mask)
+
+
+@triton.jit
 def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_q,
                         align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
                         dim_block: tl.constexpr, inner_block: tl.constexpr, single: tl.constexpr,
@@ -150,11 +185,8 @@ def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_
     if offsets_64bit:
         o = o.to(tl.int64)
         r = r.to(tl.int64)
-    cols = ib * inner_block + tl.arange(0, inner_block)
-    cmask = cols[None, :] < inner
-    y_base = y_ptr + o * N * inner + cols[None, :]
-    dx_base = dx_ptr + o * N * inner + cols[None, :]
-    g_base = g_ptr + o * sgo_q * align + cols[None, :]
+    cols, cmask, y_base, dx_base, g_base = _bwd_columns(y_ptr, g_ptr, dx_ptr, o, ib, N, inner,
+                                                        sgo_q, align, inner_block)
     if single:
         mask = (r[:, None] < N) & cmask
         y = _acc(tl.load(y_base + (r * inner)[:, None], mask=mask, other=0.0), f64)
@@ -168,22 +200,53 @@ def _strided_bwd_kernel(y_ptr, g_ptr, dx_ptr, N, inner_q, n_iblocks, sgo_q, sgn_
     else:
         part = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
         for start in range(0, N, dim_block):
-            rr = start + r
-            mask = (rr[:, None] < N) & cmask
-            g = _acc(tl.load(g_base + (rr * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
-            if log:
-                part += g
-            else:
-                part += g * _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), f64)
+            part += _bwd_tile_sum(y_base, g_base, start + r, N, cmask, inner, sgn_q, align, log,
+                                  f64)
         t = tl.sum(part, axis=0, keep_dims=True)
         n_chunks = tl.cdiv(N, dim_block)
         for i in range(0, n_chunks):
-            rr = (n_chunks - 1 - i) * dim_block + r
-            mask = (rr[:, None] < N) & cmask
-            y = _acc(tl.load(y_base + (rr * inner)[:, None], mask=mask, other=0.0), f64)
-            g = _acc(tl.load(g_base + (rr * sgn_q * align)[:, None], mask=mask, other=0.0), f64)
-            tl.store(dx_base + (rr * inner)[:, None],
-                     _cast_for(_grad(y, g, t, log), dx_ptr), mask=mask)
+            _bwd_tile_write(y_base, g_base, dx_base, dx_ptr, (n_chunks - 1 - i) * dim_block + r,
+                            N, cmask, inner, sgn_q, align, t, log, f64)
+
+
+@triton.jit
+def _strided_split_bwd_kernel(y_ptr, g_ptr, dx_ptr, t_ptr, N, inner_q, n_iblocks, sgo_q, sgn_q,
+                              chunk, splits,
+                              align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
+                              dim_block: tl.constexpr, inner_block: tl.constexpr,
+                              splits_block: tl.constexpr, offsets_64bit: tl.constexpr,
+                              phase: tl.constexpr):
+    """Backward of strided with the dim in `splits` chunks of programs of their own (few long
+    columns), two launches (`phase`): 0, each chunk's partial sum (of dy, or dy * y) per column
+    to t (slot (o, chunk, column)); 1, the columns' partials added and the chunk's dx written."""
+    inner = inner_q * align
+    pid = tl.program_id(0)
+    sp = pid % splits
+    rest = pid // splits
+    r = tl.arange(0, dim_block)
+    o = rest // n_iblocks
+    start = sp * chunk
+    if offsets_64bit:
+        o = o.to(tl.int64)
+        r = r.to(tl.int64)
+        start = start.to(tl.int64)
+    cols, cmask, y_base, dx_base, g_base = _bwd_columns(
+        y_ptr, g_ptr, dx_ptr, o, rest % n_iblocks, N, inner, sgo_q, align, inner_block)
+    if phase == 0:
+        part = _acc(tl.zeros([dim_block, inner_block], tl.float32), f64)
+        for step in range(0, chunk, dim_block):  # (chunk is a multiple of dim_block)
+            part += _bwd_tile_sum(y_base, g_base, start + step + r, N, cmask, inner, sgn_q,
+                                  align, log, f64)
+        tl.store(t_ptr + (o * splits + sp) * inner + cols, tl.sum(part, axis=0),
+                 mask=cols < inner)
+    else:
+        j = tl.arange(0, splits_block)
+        slots = t_ptr + ((o * splits + j) * inner)[:, None] + cols[None, :]
+        t = tl.sum(tl.load(slots, mask=(j < splits)[:, None] & cmask, other=0.0), axis=0,
+                   keep_dims=True)
+        for step in range(0, chunk, dim_block):
+            _bwd_tile_write(y_base, g_base, dx_base, dx_ptr, start + step + r, N, cmask, inner,
+                            sgn_q, align, t, log, f64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,13 +294,39 @@ class SplitBackwardPlan:
         return next_pow2(self.ints[3])
 
 
+@dataclass(frozen=True, eq=False)
+class StridedSplitBackwardPlan:
+    """The two launches of the strided backward split over the dim (one object per launch)."""
+
+    y_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    dx_dtype: torch.dtype
+    ints: tuple  # dim, inner / align, inner blocks, dy's strides / align, chunk, splits
+    align: int
+    log: bool
+    f64: bool
+    dim_block: int  # rows of a tile within a chunk
+    inner_block: int
+    splits_block: int  # splits padded to a power of two (the merge's tile)
+    offsets_64bit: bool
+    num_warps: int
+    phase: int = 0  # 0: the chunks' partial sums; 1: their merge and dx
+
+    @property
+    def second(self) -> "StridedSplitBackwardPlan":
+        fields = dataclasses.fields(self)
+        return strided_split_backward_plan(*(getattr(self, f.name) for f in fields[:-1]), 1)
+
+
 rows_backward_plan = functools.lru_cache(maxsize=4096)(RowsBackwardPlan)
 split_backward_plan = functools.lru_cache(maxsize=4096)(SplitBackwardPlan)
+strided_split_backward_plan = functools.lru_cache(maxsize=4096)(StridedSplitBackwardPlan)
 
 _ROWS_BWD = plan_launcher(_rows_bwd_kernel)
 _SPLIT_BWD_SUM = plan_launcher(_split_bwd_sum_kernel)
 _SPLIT_BWD_APPLY = plan_launcher(_split_bwd_apply_kernel)
 _STRIDED_BWD = plan_launcher(_strided_bwd_kernel)
+_STRIDED_SPLIT_BWD = plan_launcher(_strided_split_bwd_kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,8 +456,13 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
                                        tile=TILE_MAX // 2)  # two tensors in registers
         n_ib = cdiv(inner, bi)
         a = _align(inner, sgo, sgn)
-        ints = (n, inner // a, n_ib, sgo // a, sgn // a)
         warps = _warps(bn * bi)
+        splits = 0 if single else cost.strided_splits(n, inner, outer, bi, 2 * cdiv(n, bn),
+                                                      sm_count)
+        if splits:
+            return _strided_split_backward(launch_of, y, g, dx_dtype, log, f64, (outer, n, inner),
+                                           (sgo, sgn, a), (bi, bn, splits, warps), read, new_dx)
+        ints = (n, inner // a, n_ib, sgo // a, sgn // a)
         plan = strided_launch_plan(y.dtype, dx_dtype, g.dtype, ints, a, log, f64, bn, bi, single,
                                    i64, warps)
         return _one_backward(launch_of(_STRIDED_BWD, plan, (outer * n_ib,)), ints, read, new_dx)
@@ -412,6 +506,38 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     plan = rows_backward_plan(y.dtype, g.dtype, dx_dtype, ints, a, log, f64, block_r, block_n,
                               single, stages, i64, warps)
     return _one_backward(launch_of(_ROWS_BWD, plan, (cdiv(tiles, per),)), ints, read, new_dx)
+
+
+def _strided_split_backward(launch_of, y, g, dx_dtype, log, f64, geometry, strides, blocks,
+                            read, new_dx):
+    """The strided backward split over the dim (few long columns: cost.strided_splits): the
+    chunks' partial sums per column, then their merge and dx, two launches. geometry: (outer,
+    n, inner); strides: dy's (outer, dim) strides and their alignment; blocks: (inner_block,
+    dim_block, splits, num_warps)."""
+    (outer, n, inner), (sgo, sgn, a), (bi, bn, splits, warps) = geometry, strides, blocks
+    chunk = cdiv(cdiv(n, splits), bn) * bn
+    splits = cdiv(n, chunk)  # (no empty chunk)
+    n_ib = cdiv(inner, bi)
+    ints = (n, inner // a, n_ib, sgo // a, sgn // a, chunk, splits)
+    numel = outer * n * inner
+    i64 = needs_int64(numel + bn * bi, outer * sgo + n * sgn + inner)
+    plan = strided_split_backward_plan(y.dtype, g.dtype, dx_dtype, ints, a, log, f64, bn, bi,
+                                       next_pow2(splits), i64, warps)
+    grid = (outer * n_ib * splits,)
+    sums = launch_of(_STRIDED_SPLIT_BWD, plan, grid)
+    apply = launch_of(_STRIDED_SPLIT_BWD, plan.second, grid)
+    new_t = allocator((outer * splits * inner,), torch.float64 if f64 else torch.float32,
+                      y.device)
+
+    def split_columns(y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        if read is not None:
+            g = read(g)
+        dx, t = new_dx(), new_t()
+        sums(y, g, dx, t, *ints)
+        apply(y, g, dx, t, *ints)
+        return dx
+
+    return split_columns
 
 
 def _one_backward(launch, ints: tuple, read, new_dx):

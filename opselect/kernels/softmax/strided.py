@@ -278,16 +278,6 @@ def _strided_fwd(plan: StridedPlan, call: SoftmaxCall):
                        call.x.device)
 
 
-#: Split configs: chunks of about this many rows of the dim, at most SPLITS_MAX of them (the
-#: merge holds a column's partials in one tile), none shorter than SPLIT_ROWS_MIN rows
-#: (fits/softmax.md, "Few long columns: the split").
-SPLIT_ROWS = 1024
-SPLIT_ROWS_MIN = 256
-SPLITS_MAX = 128
-#: No split where the unsplit first config walks fewer tiles than this (about 15 us of walk on
-#: the H200): the second launch costs more than it saves there (3 x 6517 bf16 transposed: 8.9 us
-#: split against 7.6; 557 x 3060: 17.4 against 16.4).
-SPLIT_MIN_TILES = 14
 #: The keys of strided's configs (and of its split configs).
 CONFIG_KEYS = frozenset({"inner_block", "tile", "warp_scale"})
 SPLIT_KEYS = CONFIG_KEYS | {"splits"}
@@ -318,23 +308,20 @@ class StridedBackend(ForwardBackend):
 
     @staticmethod
     def _splits(call: SoftmaxCall, sms: int) -> tuple[int, int]:
-        """(splits, inner_block) of the first config; splits 0: none. A dim that takes two passes
-        over fewer column blocks than SMs, SPLIT_MIN_TILES tiles or more a program unsplit, goes
-        in chunks of about SPLIT_ROWS rows, at least two programs an SM; a dim of x's own layout
-        (not columns written as rows) with segments twice the default's where that still leaves
-        two programs an SM (fits/softmax.md, "Few long columns: the split")."""
+        """(splits, inner_block) of the first config; splits 0: none. Few column blocks with a
+        long walk each are split over programs (cost.strided_splits); a dim of x's own layout
+        (not columns written as rows) then takes segments twice the default's where that still
+        leaves two programs an SM (fits/softmax.md, "Few long columns: the split")."""
         tile, bi, first = StridedBackend._blocks(call, sms)
         _, outer, n, inner, _, _ = strided_view(call)
         _, first_n, single = _strided_plan(n, inner, outer, call.in_bytes, sms, first, tile)
-        if single or outer * cdiv(inner, bi) >= sms or 2 * cdiv(n, first_n) < SPLIT_MIN_TILES:
+        tiles = 2 * cdiv(n, first_n)
+        if single or not cost.strided_splits(n, inner, outer, bi, tiles, sms):
             return 0, bi
         wide = min(2 * bi, next_pow2(inner))
-        if call.columns is None and outer * cdiv(inner, wide) * cdiv(n, SPLIT_ROWS) >= 2 * sms:
+        if call.columns is None and outer * cdiv(inner, wide) * cdiv(n, cost.SPLIT_ROWS) >= 2 * sms:
             bi = wide  # (columns written as rows lost 4-5% with them)
-        blocks = outer * cdiv(inner, bi)
-        splits = min(max(cdiv(n, SPLIT_ROWS), cdiv(2 * sms, blocks)), SPLITS_MAX,
-                     cdiv(n, SPLIT_ROWS_MIN))
-        return (splits, bi) if splits >= 2 else (0, bi)
+        return cost.strided_splits(n, inner, outer, bi, tiles, sms), bi
 
     def configs(self, call: SoftmaxCall) -> list[dict]:
         tile, bi, first = self._blocks(call, call.info.sm_count)
@@ -355,7 +342,7 @@ class StridedBackend(ForwardBackend):
             more = [{**base, "splits": splits}]
             if split_block > 1:
                 more.append({**base, "inner_block": split_block // 2, "splits": splits})
-            if 2 * splits <= min(SPLITS_MAX, cdiv(n, SPLIT_ROWS_MIN)):
+            if 2 * splits <= min(cost.SPLITS_MAX, cdiv(n, cost.SPLIT_ROWS_MIN)):
                 more.append({**base, "splits": 2 * splits})
             cfgs = more + cfgs
         return cfgs
