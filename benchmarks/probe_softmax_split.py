@@ -6,6 +6,11 @@ turns over --rounds rounds (3; median); each strided config runs through its pre
 tuning times it; `fused` / `online` through Backend.run.
 
     python benchmarks/probe_softmax_split.py [--json out.json] [--limit N] [--rounds 3] [--smoke]
+        [--backward]
+
+--backward times the backward instead (autograd's kernels on (y, dy), the calls whose backward
+is strided: a dim of x's own layout): prepared split and unsplit (cost.SPLIT_MIN_TILES out of
+reach), against torch's _softmax_backward_data.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import torch  # noqa: E402
 
 import bench_random  # noqa: E402
 from opselect.dispatch import get_op  # noqa: E402
+from opselect.heuristics import softmax as cost  # noqa: E402
+from opselect.kernels.softmax import autograd  # noqa: E402
 from opselect.heuristics.device_model import known_gpu  # noqa: E402
 from opselect.kernels.softmax.strided import StridedBackend  # noqa: E402
 
@@ -75,12 +82,34 @@ def providers(op, call) -> dict:
     return fns
 
 
+def backward_providers(op, call) -> dict:
+    """The backward of the call's output under a fresh upstream gradient: autograd's prepared
+    kernels split (as the library runs them) and unsplit, and torch's own backward op."""
+    log, x = call.log, call.x
+    if x.dim() == 0 or call.inner == 1 or call.columns is not None:
+        return {}
+    dim = call.dim
+    y = op.backend("torch").run(call, {})
+    g = torch.randn_like(y)
+    split = autograd.prepare_backward(y, g, dim, log, x.dtype)
+    keep = cost.SPLIT_MIN_TILES
+    cost.SPLIT_MIN_TILES = 1 << 62  # (read at prepare time: this one never splits)
+    try:
+        unsplit = autograd.prepare_backward(y, g, dim, log, x.dtype)
+    finally:
+        cost.SPLIT_MIN_TILES = keep
+    ref = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+    return {"torch": lambda: ref(g, y, dim, x.dtype), "split": lambda: split(y, g),
+            "unsplit": lambda: unsplit(y, g)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
     ap.add_argument("--limit", type=int, default=0, help="only the first N calls")
     ap.add_argument("--smoke", action="store_true", help="one tiny call, any device")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backward", action="store_true", help="time the backward (see above)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cases = [] if args.smoke else random_calls()
@@ -96,7 +125,9 @@ def main() -> None:
             op = get_op(spec["op"])
             a, kw = bench_random.make(spec, device)
         call = op.prepare(*a, **kw)
-        fns = providers(op, call)
+        fns = backward_providers(op, call) if args.backward else providers(op, call)
+        if not fns:
+            continue
         want = fns["torch"]().double()
         tol = 1e-5 if call.x.dtype in (torch.float32, torch.float64) else 2e-2
         for label, fn in fns.items():
