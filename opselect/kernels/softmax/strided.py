@@ -365,18 +365,15 @@ class StridedBackend(ForwardBackend):
         return _strided_fwd(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
-        tile, bi, first = self._blocks(call, model.sm_count)  # (the first config's block)
+        """The estimate of the first config's plan (a split's two launches, or one)."""
+        plan = self.plan(call, self.configs(call)[0], sms=max(1, int(model.sm_count)))
         _, outer, n, inner, so, sn = strided_view(call)
         view = (outer, inner, _align(inner, so, sn))
-        splits, split_block = self._splits(call, model.sm_count)
-        if splits:
-            plan = strided_split_fwd_plan(call, split_block, tile, 1, splits)
+        if isinstance(plan, StridedSplitPlan):
             chunk, splits = plan.ints[5], plan.ints[6]
             return cost.strided(call, model, block_i=plan.inner_block, single=False, view=view,
                                 steps=2 * cdiv(chunk, plan.dim_block), splits=splits,
                                 warps=plan.num_warps, block_n=plan.dim_block)
-        bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, model.sm_count, first,
-                                       tile)
-        return cost.strided(call, model, block_i=bi, single=single, view=view,
-                            steps=0 if single else 2 * cdiv(n, bn), warps=_warps(bi * bn),
-                            block_n=bn)
+        return cost.strided(call, model, block_i=plan.inner_block, single=plan.single,
+                            view=view, steps=0 if plan.single else 2 * cdiv(n, plan.dim_block),
+                            warps=plan.num_warps, block_n=plan.dim_block)
