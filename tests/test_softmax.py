@@ -1167,7 +1167,8 @@ def test_gpu_auto_never_wrong(cuda):
 
 @pytest.mark.gpu
 def test_gpu_int64_offsets(cuda):
-    """More than 2**31 elements: 64-bit offsets (about 8.6 GB of float16 in and out)."""
+    """More than 2**31 elements: 64-bit offsets (about 8.6 GB of float16 in and out), rows,
+    a strided dim, and a strided dim split over programs."""
     free, _ = torch.cuda.mem_get_info()
     if free < 12 * 2**30:
         pytest.skip("needs ~12 GB of free GPU memory")
@@ -1180,6 +1181,17 @@ def test_gpu_int64_offsets(cuda):
     y = ops.softmax(x.view(65537, 64, 512), 1, backend="strided")
     ref = torch.softmax(x.view(65537, 64, 512)[tail].float(), 1)
     torch.testing.assert_close(y[tail].float(), ref, atol=1e-3, rtol=2e-3)
+    del y
+    # dim 0 of a tall matrix of 16 columns: strided splits the dim (128 chunks of 2**20 rows).
+    # log_softmax: a softmax of 2**27 rows is below float16's smallest number everywhere.
+    tall = x.view(-1, 16)
+    call = sm.prepare_log_softmax(tall, 0)
+    assert "splits" in get_op("log_softmax").backend("strided").configs(call)[0]
+    y = ops.log_softmax(tall, 0, backend="strided")
+    lse = torch.logsumexp(tall[:, ::15].double(), 0)  # columns 0 and 15, whole
+    for rows in (slice(0, 3), slice(-3, None)):
+        ref = tall[rows, ::15].double() - lse
+        torch.testing.assert_close(y[rows, ::15].double(), ref, atol=2e-2, rtol=2e-3)
 
 
 def test_prepared_calls_are_reused_only_for_the_same_layout_and_grad_mode():
