@@ -97,7 +97,9 @@ def supported(backend, shape, dim, dtype=torch.float32):
 
 def spy(monkeypatch, *names):
     """Record the grid of every launch of these kernels of the module (by name): each kernel's
-    Launcher gets a stand-in that notes the grid and launches the real kernel."""
+    Launcher gets a stand-in that notes the grid and launches the real kernel. On a GPU the
+    launcher then takes its plain path (Triton's own launch): its bound launches would skip the
+    stand-in, and it has no argument names to bind with."""
     grids = {name: [] for name in names}
     for name in names:
         launcher = sm.LAUNCHERS[name]
@@ -111,6 +113,7 @@ def spy(monkeypatch, *names):
                 return kernel[grid]
 
         monkeypatch.setattr(launcher, "fn", Watch())
+        monkeypatch.setattr(launcher, "fast", False)
     return grids
 
 
