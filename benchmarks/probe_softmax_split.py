@@ -11,6 +11,12 @@ tuning times it; `fused` / `online` through Backend.run.
 --backward times the backward instead (autograd's kernels on (y, dy), the calls whose backward
 is strided: a dim of x's own layout): prepared split and unsplit (cost.SPLIT_MIN_TILES out of
 reach), against torch's _softmax_backward_data.
+
+--sweep times forced split counts (2 to 64) on our own calls from 239 x 63263 x 4 on (column
+blocks as many as SMs or more), forward (every count at the first config's columns and twice
+them) and backward; the data of SPLIT_PROGRAMS_PER_SM and of the walk-bound rule.
+--rates times autograd's prepared strided backward, split or not, single pass or two, against
+torch on RATES: with --backward's calls, the data of STRIDED_BWD_EFF.
 """
 
 from __future__ import annotations
@@ -38,11 +44,25 @@ from opselect.kernels.softmax import autograd  # noqa: E402
 from opselect.heuristics.device_model import known_gpu  # noqa: E402
 from opselect.kernels.softmax.strided import StridedBackend  # noqa: E402
 
-#: (shape, dim, dtype) beyond the random calls: tall matrices over dim 0, long middle dims.
+#: (shape, dim, dtype) beyond the random calls: tall matrices over dim 0, long middle dims; from
+#: 239 x 63263 x 4 on, column blocks as many as SMs or more whose walks set the time, then two
+#: whose memory does (no split).
 OWN = [((16, 4096, 64), 1, torch.float32), ((32000, 64), 0, torch.bfloat16),
        ((8192, 128), 0, torch.float16), ((4, 100000, 16), 1, torch.float32),
-       ((239, 63263, 4), 1, torch.bfloat16)]
+       ((239, 63263, 4), 1, torch.bfloat16), ((200, 30000, 16), 1, torch.bfloat16),
+       ((150, 100000, 2), 1, torch.float16), ((300, 20000, 32), 1, torch.float16),
+       ((133, 40000, 8), 1, torch.bfloat16), ((512, 8192, 8), 1, torch.float32),
+       ((8192, 8192), 0, torch.bfloat16)]
 SMOKE = [((2, 600, 3), 1, torch.float32)]
+#: (shape, dim, dtype, log) of --rates: dims held whole in registers and dims in two passes.
+RATES = [((64, 512, 512), 1, torch.float32, False), ((256, 64, 1024), 0, torch.bfloat16, False),
+         ((16, 1024, 1024), 1, torch.bfloat16, False), ((128, 256, 256), 1, torch.float32, True),
+         ((32, 2048, 256), 1, torch.float16, False), ((1024, 128, 64), 1, torch.float32, False),
+         ((4096, 64, 32), 1, torch.bfloat16, True), ((8, 4096, 2048), 1, torch.bfloat16, False),
+         ((2048, 2048), 0, torch.float32, False), ((4096, 1024), 0, torch.bfloat16, True),
+         ((64, 100, 5000), 1, torch.float32, False), ((1000, 33, 777), 1, torch.float16, True)]
+#: Forced split counts of --sweep.
+SWEEP_SPLITS = (2, 4, 8, 16, 32, 64)
 
 
 def random_calls() -> list[tuple[str, dict]]:
@@ -103,6 +123,55 @@ def backward_providers(op, call) -> dict:
             "unsplit": lambda: unsplit(y, g)}
 
 
+def sweep_providers(op, call) -> dict:
+    """--sweep: strided's first config, then forced splits of its columns and twice them."""
+    strided, n = op.backend("strided"), call.n
+    first = strided.configs(call)[0]
+    fns = {"torch": lambda: op.backend("torch").run(call, {})}
+    configs = {"first": first}
+    for block in sorted({first["inner_block"], 2 * first["inner_block"]}):
+        for s in SWEEP_SPLITS:
+            if n // s >= cost.SPLIT_ROWS_MIN:
+                configs[f"s{s}b{block}"] = {**first, "inner_block": block, "splits": s}
+    for label, config in configs.items():
+        bound = strided.bind(call, config)
+        fns[label] = ((lambda b=bound: b(*call.inputs())) if bound is not None
+                      else (lambda c=config: strided.run(call, c)))
+    return fns
+
+
+def forced_backward_providers(op, call) -> dict:
+    """--sweep's backward: the library's, then the split forced to each count."""
+    if call.x.dim() == 0 or call.inner == 1 or call.columns is not None:
+        return {}
+    y = op.backend("torch").run(call, {})
+    g = torch.randn_like(y)
+    ref = torch._log_softmax_backward_data if call.log else torch._softmax_backward_data
+    library = autograd.prepare_backward(y, g, call.dim, call.log, call.x.dtype)
+    fns = {"torch": lambda: ref(g, y, call.dim, call.x.dtype), "lib": lambda: library(y, g)}
+    real = cost.strided_walk_bound, cost.strided_splits
+    for s in SWEEP_SPLITS:
+        if call.n // s < cost.SPLIT_ROWS_MIN:
+            continue
+        cost.strided_walk_bound = lambda *a, **k: True
+        cost.strided_splits = lambda *a, s=s, **k: s
+        try:
+            prepared = autograd.prepare_backward(y, g, call.dim, call.log, call.x.dtype)
+        finally:
+            cost.strided_walk_bound, cost.strided_splits = real
+        fns[f"s{s}"] = lambda p=prepared: p(y, g)
+    return fns
+
+
+def rates_providers(op, call) -> dict:
+    """--rates: autograd's prepared backward as the library runs it, and torch's."""
+    y = op.backend("torch").run(call, {})
+    g = torch.randn_like(y)
+    prepared = autograd.prepare_backward(y, g, call.dim, call.log, call.x.dtype)
+    ref = torch._log_softmax_backward_data if call.log else torch._softmax_backward_data
+    return {"torch": lambda: ref(g, y, call.dim, call.x.dtype), "lib": lambda: prepared(y, g)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
@@ -110,45 +179,61 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="one tiny call, any device")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backward", action="store_true", help="time the backward (see above)")
+    ap.add_argument("--sweep", action="store_true", help="forced split counts (see above)")
+    ap.add_argument("--rates", action="store_true", help="the backward's rates (see above)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cases = [] if args.smoke else random_calls()
-    for shape, dim, dtype in (SMOKE if args.smoke else OWN):
-        cases.append((f"softmax {'x'.join(map(str, shape))} dim={dim} {str(dtype)[6:]}",
-                      {"own": (shape, dim, dtype)}))
+    cases = [] if args.smoke or args.sweep or args.rates else random_calls()
+    own = [(shape, dim, dtype, False) for shape, dim, dtype in OWN]
+    if args.sweep:
+        own = own[[shape for shape, *_ in own].index((239, 63263, 4)):]
+    for shape, dim, dtype, log in (
+            [(*c, False) for c in SMOKE] if args.smoke else RATES if args.rates else own):
+        cases.append((f"{'log_' if log else ''}softmax {'x'.join(map(str, shape))} dim={dim} "
+                      f"{str(dtype)[6:]}", {"own": (shape, dim, dtype, log)}))
     results = {}
     for name, spec in cases[:args.limit or None]:
         if "own" in spec:
-            shape, dim, dtype = spec["own"]
-            op, a, kw = get_op("softmax"), (torch.randn(shape, device=device).to(dtype), dim), {}
+            shape, dim, dtype, log = spec["own"]
+            op = get_op("log_softmax" if log else "softmax")
+            a, kw = (torch.randn(shape, device=device).to(dtype), dim), {}
         else:
             op = get_op(spec["op"])
             a, kw = bench_random.make(spec, device)
         call = op.prepare(*a, **kw)
-        fns = backward_providers(op, call) if args.backward else providers(op, call)
-        if not fns:
-            continue
-        want = fns["torch"]().double()
-        tol = 1e-5 if call.x.dtype in (torch.float32, torch.float64) else 2e-2
-        for label, fn in fns.items():
-            torch.testing.assert_close(fn().double(), want, atol=tol, rtol=1e-2, equal_nan=True,
-                                       msg=lambda m: f"{name} {label}: {m}")
-        pick = op.decide(call, tune=False)
-        if device.type != "cuda":
-            print(f"{name}: {', '.join(fns)} ok (pick {pick.choice} {pick.config})")
-            continue
-        from triton.testing import do_bench
-
-        samples = {k: [] for k in fns}
-        for r in range(args.rounds):
-            for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                samples[k].append(do_bench(fns[k], return_mode="median") * 1e3)
-        us = {k: statistics.median(v) for k, v in samples.items()}
-        results[name] = {"us": us, "pick": pick.choice, "config": pick.config}
-        print(f"{name}: pick {pick.choice} {pick.config}\n   "
-              + " ".join(f"{k}={v:.1f}" for k, v in us.items()), flush=True)
+        groups = ({"fwd": sweep_providers(op, call), "bwd": forced_backward_providers(op, call)}
+                  if args.sweep else
+                  {"bwd": rates_providers(op, call)} if args.rates else
+                  {"bwd": backward_providers(op, call)} if args.backward else
+                  {"fwd": providers(op, call)})
+        for tag, fns in groups.items():
+            if fns:
+                time_group(args, device, op, call, f"{name} {tag}", fns, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def time_group(args, device, op, call, name: str, fns: dict, results: dict) -> None:
+    """Check every provider against the first (torch), then time them in turns."""
+    want = fns["torch"]().double()
+    tol = 1e-5 if call.x.dtype in (torch.float32, torch.float64) else 2e-2
+    for label, fn in fns.items():
+        torch.testing.assert_close(fn().double(), want, atol=tol, rtol=1e-2, equal_nan=True,
+                                   msg=lambda m: f"{name} {label}: {m}")
+    pick = op.decide(call, tune=False)
+    if device.type != "cuda":
+        print(f"{name}: {', '.join(fns)} ok (pick {pick.choice} {pick.config})")
+        return
+    from triton.testing import do_bench
+
+    samples = {k: [] for k in fns}
+    for r in range(args.rounds):
+        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            samples[k].append(do_bench(fns[k], return_mode="median") * 1e3)
+    us = {k: statistics.median(v) for k, v in samples.items()}
+    results[name] = {"us": us, "pick": pick.choice, "config": pick.config}
+    print(f"{name}: pick {pick.choice} {pick.config}\n   "
+          + " ".join(f"{k}={v:.1f}" for k, v in us.items()), flush=True)
 
 
 if __name__ == "__main__":
