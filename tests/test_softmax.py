@@ -24,6 +24,7 @@ from opselect import ops
 from opselect.dispatch import get_op
 from opselect.dispatch.op import MEASURED_TORCH_MARGIN
 from opselect.errors import ArgumentTypeError, BackendError, InvalidArgument
+from opselect.heuristics.device_model import known_gpu
 from opselect.kernels import softmax as sm
 from opselect.kernels import _common
 
@@ -418,7 +419,7 @@ def test_columns_edges_and_gradient(cpu_triton):
 
 def _h200_configs(x, dim):
     call = sm.prepare_softmax(x, dim)
-    call.info = dataclasses.replace(call.info, sm_count=132)  # (an H200's SMs)
+    call.info = known_gpu("H200")
     return get_op("softmax").backend("strided").configs(call)
 
 
@@ -448,6 +449,31 @@ def test_strided_split_first_for_few_long_columns():
     assert not any("splits" in c for c in _h200_configs(torch.empty(64, 1000, 3, device="meta"), 1))
 
 
+def test_strided_split_where_the_walk_sets_the_time():
+    """Column blocks as many as SMs or more are split only where their walks, not the memory,
+    set the time (all blocks together move less in a step than the memory could), into fewer
+    chunks than SPLIT_ROWS gives: at most SPLIT_PROGRAMS_PER_SM programs an SM in all."""
+    from opselect.heuristics.softmax import SPLIT_PROGRAMS_PER_SM
+
+    def first(shape, dim, dtype):
+        return _h200_configs(torch.empty(shape, dtype=dtype, device="meta"), dim)[0]
+    # 239 blocks of 4 bfloat16 columns, each walking 63263 rows (measured: split 124 us against
+    # 143 unsplit); 133 blocks of 8.
+    walk_bound = first((239, 63263, 4), 1, torch.bfloat16)
+    assert walk_bound["splits"] == -(-SPLIT_PROGRAMS_PER_SM * 132 // 239) == 9
+    assert first((133, 40000, 8), 1, torch.bfloat16)["splits"] == 16
+    # As many blocks of float32 (twice the bytes a step) or more blocks: the memory sets the
+    # time, and the split lost 1.1-1.3x (512 x 8192 x 8, 400 x 16384 x 4, 8192 x 8192 over 0).
+    for shape, dim, dtype in (((512, 8192, 8), 1, torch.float32),
+                              ((400, 16384, 4), 1, torch.float32),
+                              ((8192, 8192), 0, torch.bfloat16),
+                              ((239 * 2, 63263, 4), 1, torch.bfloat16)):
+        assert "splits" not in first(shape, dim, dtype), shape
+    # Few blocks: chunks of SPLIT_ROWS, up to the programs' cap (42 blocks of 16 columns).
+    capped = first((3, 99727, 224), 1, torch.float32)
+    assert capped["splits"] == -(-SPLIT_PROGRAMS_PER_SM * 132 // 42) < -(-99727 // 1024)
+
+
 def test_strided_columns_first_block():
     """Columns written as rows take half the default columns a program first where the dim takes
     two passes or blocks are fewer than SMs; not where the dim fits in registers and blocks are
@@ -462,21 +488,21 @@ def test_strided_columns_first_block():
 
 
 def test_strided_split_estimate():
-    """The model charges a split call its second launch and pass, and a long unsplit walk its
-    steps: for few long columns the split's estimate is far below the unsplit first config's."""
-    from opselect.heuristics.device_model import known_gpu
+    """The model charges a split call its second launch and its merge, and a long unsplit walk
+    its steps: for few long columns the split's estimate is far below the unsplit first
+    config's."""
+    from opselect.heuristics import softmax as cost
     from opselect.kernels.softmax.strided import StridedBackend
     op = get_op("softmax")
     call = op.prepare(torch.empty(32000, 64, dtype=torch.bfloat16, device="meta"), 0)
     decision = op.what_if(call, known_gpu("H200"))
     assert decision.choice == "strided" and "splits" in decision.config
     est = next(c for c in decision.candidates if c.name == "strided")
-    assert "walk" not in est.parts and est.parts["memory"] > 0
+    assert est.parts["split_merge"] == cost.STRIDED_SPLIT_FIXED_S
     call.info = known_gpu("H200")
     assert StridedBackend._splits(call, 132)[0] == 66
     # The same reduction unsplit (8 columns a program, tiles of 512 rows): its walk is long.
     from opselect.dispatch.op import _device_models
-    from opselect.heuristics import softmax as cost
     model = _device_models["defaults_for"](known_gpu("H200"))
     unsplit = cost.strided(call, model, block_i=8, single=False, view=(1, 64, 1),
                            steps=2 * 32000 // 512, warps=8, block_n=512)
@@ -1128,11 +1154,13 @@ def test_gpu_edges_and_layouts(cuda):
 @pytest.mark.gpu
 def test_gpu_strided_split(cuda):
     """strided's split configs (the dim over programs too) at real sizes: few long columns of a
-    transposed matrix, and a softmax over dim 1 of few columns, every offered split config."""
+    transposed matrix, a softmax over dim 1 of few columns, and one of as many column blocks as
+    SMs or more whose walks set the time: every offered split config."""
     torch.manual_seed(23)
     for x, dim in ((torch.randn(32000, 64, device=cuda, dtype=torch.bfloat16).t(), -1),
                    (torch.randn(2, 50000, 3, device=cuda) * 8, 1),
-                   (torch.randn(1, 40000, 24, device=cuda, dtype=torch.float16), 1)):
+                   (torch.randn(1, 40000, 24, device=cuda, dtype=torch.float16), 1),
+                   (torch.randn(239, 20000, 4, device=cuda, dtype=torch.bfloat16), 1)):
         call = sm.prepare_softmax(x, dim)
         splits = [c for c in get_op("softmax").backend("strided").configs(call) if "splits" in c]
         assert splits, "no split config offered"
@@ -1145,11 +1173,12 @@ def test_gpu_strided_split(cuda):
 @pytest.mark.gpu
 def test_gpu_strided_split_backward(cuda, monkeypatch):
     """The strided backward split over the dim at real sizes (few long columns: dim 0 of a tall
-    matrix, dim 1 of few columns), forward and backward against float64 torch."""
+    matrix, dim 1 of few columns; 239 blocks of columns whose walks set the time), forward and
+    backward against float64 torch."""
     grids = spy(monkeypatch, "_strided_split_bwd_kernel")
     torch.manual_seed(24)
     for shape, dim, dtype in (((32000, 64), 0, torch.bfloat16), ((4, 100000, 16), 1, torch.float32),
-                              ((13677, 20), 0, torch.float16)):
+                              ((13677, 20), 0, torch.float16), ((239, 20000, 4), 1, torch.bfloat16)):
         x = (torch.randn(shape, device=cuda) * 2).to(dtype)
         for log in (False, True):
             before = len(grids["_strided_split_bwd_kernel"])

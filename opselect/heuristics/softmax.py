@@ -38,18 +38,24 @@ MULTIROW_TILE_S = 0.4e-6
 #: A strided program's step over a tile of a dim too long for its registers (load, online
 #: update; H200: few programs of long columns; fits/softmax.md, "Few long columns: the split").
 STRIDED_STEP_S = 1.08e-6
-#: A split strided call's traffic took this many times the terms above (H200, geometric mean of
-#: 8 calls of 3-270 MB; 1.2-2.6x): the second launch re-reads the columns at short-segment grain
-#: and waits for the first (fits/softmax.md, "Few long columns: the split").
-STRIDED_SPLIT_SLOW = 1.8
+#: A split strided call took STRIDED_SPLIT_SLOW times the terms above plus STRIDED_SPLIT_FIXED_S
+#: of device time (H200, fitted on 74 timings of 19 calls of 10-400 MB, median error 7%): the
+#: second launch re-reads the columns at short-segment grain, waits for the first to drain, and
+#: merges each column's chunks (fits/softmax.md, "Few long columns: the split").
+STRIDED_SPLIT_SLOW = 1.18
+STRIDED_SPLIT_FIXED_S = 15.5e-6
 #: Strided splits (strided_splits): chunks of about SPLIT_ROWS rows of the dim, at most
 #: SPLITS_MAX of them (the merge holds a column's partials in one tile), none shorter than
 #: SPLIT_ROWS_MIN rows; none where the unsplit programs walk fewer than SPLIT_MIN_TILES tiles
-#: (about 15 us on the H200: the second launch costs more than it saves there).
+#: (strided_walk_bound; about 15 us on the H200: the second launch costs more than it saves).
 SPLIT_ROWS = 1024
 SPLIT_ROWS_MIN = 256
 SPLITS_MAX = 128
 SPLIT_MIN_TILES = 14
+#: A forward split puts at most this many programs an SM in all: its merge reads every chunk of
+#: a column, and on 5 calls of 133-300 column blocks 64 an SM lost 1.1-1.35x to 16 (the backward's
+#: merge is a sum: it takes chunks of SPLIT_ROWS however many).
+SPLIT_PROGRAMS_PER_SM = 16
 UNALIGNED_EFF = 0.85  # rows off the 16-byte grid (no vector access): of the aligned rate
 TRITON_EFF = 0.92  # of the copy bandwidth, a single-pass Triton kernel
 #: Host seconds of a Triton backend's call beyond its launches and allocations: what a repeated
@@ -76,9 +82,11 @@ BWD_SPLIT_CHUNK = 2048
 #: Elements a strided backward tile holds: half of common.TILE_MAX, as it holds y and dy.
 BWD_STRIDED_TILE = 8192
 #: The strided backward's rate of moving a byte, as a fraction of the forward's terms (short-segment
-#: discount included): measured strided backwards moved their bytes at about half the forward's
-#: rate (fits/softmax.md, "STRIDED_BWD_EFF").
-STRIDED_BWD_EFF = 0.5
+#: discount included), and the device time a split backward takes beyond its traffic (the second
+#: launch waits for the first to drain): fitted on 30 prepared backwards of 17-700 us on the H200,
+#: median error 7% (fits/softmax.md, "STRIDED_BWD_EFF").
+STRIDED_BWD_EFF = 0.9
+STRIDED_SPLIT_BWD_FIXED_S = 12e-6
 
 
 def _host(call, model, *, kernels: int = 1, allocations: int = 1, in_place: bool = False) -> float:
@@ -160,18 +168,42 @@ def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
     return block_i, max(1, min(pn, BWD_STRIDED_TILE // (4 * block_i))), False
 
 
-def strided_splits(n: int, inner: int, outer: int, block_i: int, tiles: int, sm_count: int
-                   ) -> int:
-    """Chunks of the dim for a strided call whose programs (outer x inner / block_i column
-    blocks) walk `tiles` tiles each unsplit, forward or backward; 0: no split. Only where the
-    blocks are fewer than SMs and the walk is SPLIT_MIN_TILES or longer: chunks of about
-    SPLIT_ROWS rows, at least two programs an SM, at most SPLITS_MAX chunks, none shorter than
-    SPLIT_ROWS_MIN (fits/softmax.md, "Few long columns: the split")."""
-    blocks = outer * _cdiv(inner, block_i)
-    if blocks >= sm_count or tiles < SPLIT_MIN_TILES:
-        return 0
-    splits = min(max(_cdiv(n, SPLIT_ROWS), _cdiv(2 * sm_count, blocks)), SPLITS_MAX,
-                 _cdiv(n, SPLIT_ROWS_MIN))
+def forward_pass_bytes(e_in: int, e_out: int) -> float:
+    """Bytes a pass of the two-pass strided forward moves per element, on average: the first
+    reads x, the second reads it again and writes y."""
+    return (2 * e_in + e_out) / 2
+
+
+def backward_pass_bytes(log: bool, e_y: int, e_g: int, e_dx: int) -> float:
+    """The same for the two-pass strided backward: the sum pass reads dy (and y for softmax),
+    the second reads y and dy and writes dx."""
+    return ((e_g if log else e_y + e_g) + e_y + e_g + e_dx) / 2
+
+
+def strided_walk_bound(blocks: int, step_elements: int, tiles: int, sm_count: int,
+                       bandwidth: float, element_bytes: float) -> bool:
+    """Whether a strided call's programs (`blocks` of columns, unsplit) are worth splitting over
+    the dim: each walks `tiles` tiles of step_elements, SPLIT_MIN_TILES or more, and the walk,
+    not the memory, sets the time: the blocks are fewer than SMs, or all of them together move
+    less in one STRIDED_STEP_S step of their walks than the memory (`bandwidth`, bytes a
+    second) could in that time. element_bytes: what a pass moves per element, on average over
+    the two (fits/softmax.md, "Few long columns: the split")."""
+    if tiles < SPLIT_MIN_TILES:
+        return False
+    step_bytes = blocks * step_elements * element_bytes
+    return blocks < sm_count or step_bytes < STRIDED_STEP_S * bandwidth * TRITON_EFF
+
+
+def strided_splits(n: int, blocks: int, sm_count: int, *, forward: bool) -> int:
+    """Chunks of the dim for a walk-bound strided call (strided_walk_bound) of `blocks` column
+    blocks, forward or backward; 0: none. Chunks of about SPLIT_ROWS rows, at least two
+    programs an SM, at most SPLITS_MAX chunks, none shorter than SPLIT_ROWS_MIN; a forward's
+    programs at most SPLIT_PROGRAMS_PER_SM an SM."""
+    least = _cdiv(2 * sm_count, blocks)
+    splits = max(_cdiv(n, SPLIT_ROWS), least)
+    if forward:
+        splits = min(splits, max(_cdiv(SPLIT_PROGRAMS_PER_SM * sm_count, blocks), least))
+    splits = min(splits, SPLITS_MAX, _cdiv(n, SPLIT_ROWS_MIN))
     return splits if splits >= 2 else 0
 
 
@@ -198,13 +230,17 @@ def _triton_backward(call, model) -> tuple[dict, float, str]:
         note = "backward: strided tiles"
         if not single:
             tiles = 2 * _cdiv(n, block_n)
-            splits = strided_splits(n, inner, outer, block_i, tiles, model.sm_count)
+            splits = 0
+            if strided_walk_bound(programs, block_i * block_n, tiles, model.sm_count,
+                                  model.bandwidth, backward_pass_bytes(call.log, e_y, e_y, e_dx)):
+                splits = strided_splits(n, programs, model.sm_count, forward=False)
             if splits:
                 # Few long columns: the partial sums of each chunk, then dx (a second launch).
                 programs *= splits
                 in_flight = numel * sum_bytes
                 tiles = 2 * _cdiv(_cdiv(n, splits), block_n)
                 host += BOUND_LAUNCH + ALLOCATION
+                parts["backward_split"] = STRIDED_SPLIT_BWD_FIXED_S
                 note += ", the dim split over programs"
             else:
                 in_flight = min(programs, 4 * model.sm_count) * n * block_i * sum_bytes
@@ -377,6 +413,7 @@ def strided(call, model, *, block_i: int, single: bool, view: tuple, steps: int 
     if splits:
         parts["memory"] *= STRIDED_SPLIT_SLOW
         parts["l2"] *= STRIDED_SPLIT_SLOW
+        parts["split_merge"] = STRIDED_SPLIT_FIXED_S
     if not single:
         # The programs' walks overlap the traffic: the longer of the two sets the time.
         resident = _resident(model, warps, block_n * block_i, call.f64)

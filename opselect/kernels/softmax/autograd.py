@@ -15,6 +15,7 @@ import triton.language as tl
 
 from ...dispatch.device import device_info
 from ...heuristics import softmax as cost
+from ...heuristics.device_model import model_for
 from ...dispatch.backend import PlannedBackend
 from .._common import allocator, cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall, _collapse
@@ -437,7 +438,8 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     if numel == 0:
         return lambda y, g: new_dx()
     f64 = y.dtype == torch.float64
-    sm_count = device_info(y.device).sm_count
+    info = device_info(y.device)
+    sm_count = info.sm_count
     if rank == 0:
         sgo, sgn, ok = 1, 1, True
     else:
@@ -457,8 +459,12 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
         n_ib = cdiv(inner, bi)
         a = _align(inner, sgo, sgn)
         warps = _warps(bn * bi)
-        splits = 0 if single else cost.strided_splits(n, inner, outer, bi, 2 * cdiv(n, bn),
-                                                      sm_count)
+        splits = 0
+        if not single and cost.strided_walk_bound(
+                outer * n_ib, bi * bn, 2 * cdiv(n, bn), sm_count, model_for(info).bandwidth,
+                cost.backward_pass_bytes(log, y.dtype.itemsize, g.dtype.itemsize,
+                                         dx_dtype.itemsize)):
+            splits = cost.strided_splits(n, outer * n_ib, sm_count, forward=False)
         if splits:
             return _strided_split_backward(launch_of, y, g, dx_dtype, log, f64, (outer, n, inner),
                                            (sgo, sgn, a), (bi, bn, splits, warps), read, new_dx)

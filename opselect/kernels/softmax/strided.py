@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ...dispatch.backend import Estimate
 from ...heuristics import softmax as cost
+from ...heuristics.device_model import model_for
 from .._common import allocator, cdiv, needs_int64, next_pow2
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
@@ -308,20 +309,25 @@ class StridedBackend(ForwardBackend):
 
     @staticmethod
     def _splits(call: SoftmaxCall, sms: int) -> tuple[int, int]:
-        """(splits, inner_block) of the first config; splits 0: none. Few column blocks with a
-        long walk each are split over programs (cost.strided_splits); a dim of x's own layout
+        """(splits, inner_block) of the first config; splits 0: none. Column blocks whose long
+        walks, not the memory, set the time are split over programs (cost.strided_walk_bound: few
+        blocks, or too few to keep the memory busy a step at a time; cost.strided_splits); a dim
+        of x's own layout
         (not columns written as rows) then takes segments twice the default's where that still
         leaves two programs an SM (fits/softmax.md, "Few long columns: the split")."""
         tile, bi, first = StridedBackend._blocks(call, sms)
         _, outer, n, inner, _, _ = strided_view(call)
         _, first_n, single = _strided_plan(n, inner, outer, call.in_bytes, sms, first, tile)
-        tiles = 2 * cdiv(n, first_n)
-        if single or not cost.strided_splits(n, inner, outer, bi, tiles, sms):
+        # Against the first config unsplit: its walk, and what its blocks move a step.
+        if single or not cost.strided_walk_bound(
+                outer * cdiv(inner, first), first * first_n, 2 * cdiv(n, first_n), sms,
+                model_for(call.info).bandwidth,
+                cost.forward_pass_bytes(call.in_bytes, call.out_dtype.itemsize)):
             return 0, bi
         wide = min(2 * bi, next_pow2(inner))
         if call.columns is None and outer * cdiv(inner, wide) * cdiv(n, cost.SPLIT_ROWS) >= 2 * sms:
             bi = wide  # (columns written as rows lost 4-5% with them)
-        return cost.strided_splits(n, inner, outer, bi, tiles, sms), bi
+        return cost.strided_splits(n, outer * cdiv(inner, bi), sms, forward=True), bi
 
     def configs(self, call: SoftmaxCall) -> list[dict]:
         tile, bi, first = self._blocks(call, call.info.sm_count)
