@@ -6,10 +6,12 @@ is a contiguous copy of the same bytes (the floor of one read and one write), `a
 model's pick (no tune cache).
 
     python benchmarks/probe_softmax_columns.py [--rounds 3] [--json out.json] [--smoke]
-        [--configs [--splits 2,4]]
+        [--configs [--splits 2,4 [--split-columns 16,64]]]
 
 --configs adds each of strided's configs as a provider of its own ("strided#i": the i-th of
 `configs(call)`, #0 the cold pick's), through its prepared call, as tuning times them.
+--split-columns adds each split of --splits at these columns a program ("strided/s@c"; the first
+4 cases: `fits/softmax_columns_wide_splits.json`).
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ def transposed(shape, dtype, device) -> torch.Tensor:
     return torch.randn(stored, device=device, dtype=torch.float32).to(dtype).transpose(-1, -2)
 
 
-def config_providers(x: torch.Tensor, log: bool, splits: list[int]) -> dict:
+def config_providers(x: torch.Tensor, log: bool, splits: list[int],
+                     columns: list[int] = ()) -> dict:
     """strided's configs, each through its prepared call (Backend.bind) or, where a config is
     not prepared, Backend.run; then the first config split `s` ways for each s in `splits`
-    ("strided/s"), and the second ("strided/s@its inner_block"), offered or not."""
+    ("strided/s"), and the second ("strided/s@its inner_block"), offered or not; and each split
+    at each of `columns` columns a program ("strided/s@c")."""
     op = get_op("log_softmax" if log else "softmax")
     backend = op.backend("strided")
     call = op.prepare(x, -1)
@@ -62,6 +66,9 @@ def config_providers(x: torch.Tensor, log: bool, splits: list[int]) -> dict:
     named += [(f"strided/{s}" + ("" if b is bases[0] else f"@{b['inner_block']}"),
                {**b, "splits": s}) for b in bases[:2] for s in splits
               if {**b, "splits": s} not in configs]
+    named += [(f"strided/{s}@{c}", {**bases[0], "inner_block": c, "splits": s})
+              for c in columns for s in splits]
+    named = list({name: (name, config) for name, config in named}.values())
     for name, config in named:
         bound = backend.bind(call, config)
         out[name] = ((lambda b=bound, a=call.inputs(): b(*a)) if bound is not None
@@ -105,6 +112,8 @@ def main() -> None:
     ap.add_argument("--configs", action="store_true", help="time each of strided's configs")
     ap.add_argument("--splits", default="", help="with --configs: comma list of splits to time "
                                                  "on every case, offered or not")
+    ap.add_argument("--split-columns", default="", help="with --splits: comma list of columns a "
+                                                        "program to time each split at")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = {}
@@ -113,7 +122,9 @@ def main() -> None:
         x = transposed(shape, dtype, device)
         fns = providers(x, log)
         if args.configs:
-            fns.update(config_providers(x, log, [int(v) for v in args.splits.split(",") if v]))
+            fns.update(config_providers(
+                x, log, [int(v) for v in args.splits.split(",") if v],
+                [int(v) for v in args.split_columns.split(",") if v]))
         want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         for name, f in fns.items():
