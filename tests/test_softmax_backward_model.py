@@ -190,18 +190,21 @@ def test_engine_host_time_decides_eager_not_graph_choices():
     assert est["torch"].parts["launch"] >= cost.AUTOGRAD_ENGINE_HOST
 
 
-# The kernels each backward path launches (autograd.backward).
+# The kernels each backward path launches (autograd.backward), the first whose words the note
+# holds (a split strided note names its tiles too).
 PATH_KERNELS = {
     "rows in registers": {"_rows_bwd_kernel"},
     "two passes per row": {"_rows_bwd_kernel"},
     "rows split over programs": {"_split_bwd_sum_kernel", "_split_bwd_apply_kernel"},
+    "the dim split over programs": {"_strided_split_bwd_kernel"},
     "strided tiles": {"_strided_bwd_kernel"},
 }
 
 
 @pytest.mark.parametrize("shape,dim,backend", [
     ((8, 100), -1, "fused"), ((300, 20), -1, "multirow"), ((1, 16500), -1, "online"),
-    ((2, 16500), -1, "online"), ((3, 6, 5), 1, "strided"), ((2, 40, 3), 1, "strided")])
+    ((2, 16500), -1, "online"), ((3, 6, 5), 1, "strided"), ((2, 40, 3), 1, "strided"),
+    ((1, 30000, 2), 1, "strided")])  # (one block of columns, fewer than this host's 2 "SMs")
 def test_model_charges_the_path_autograd_launches(cpu_triton, shape, dim, backend):
     x = torch.randn(shape, requires_grad=True)
     call = sm.prepare_softmax(x, dim)
@@ -217,3 +220,27 @@ def test_model_charges_the_path_autograd_launches(cpu_triton, shape, dim, backen
         Launcher.observer = previous
     assert {k.__name__ for k in launched} == expected, (note, launched)
     assert dx.shape == x.shape
+
+
+@pytest.mark.parametrize("shape,dim,dtype,log", [
+    ((239, 63263, 4), 1, torch.bfloat16, False),  # blocks >= SMs, the walk sets the time: split
+    ((133, 40000, 8), 1, torch.bfloat16, True),
+    ((32000, 64), 0, torch.bfloat16, False),  # few blocks: split
+    ((34312, 8), 0, torch.float32, True),
+    ((512, 8192, 8), 1, torch.float32, False),  # the memory sets the time: two passes
+    ((8192, 8192), 0, torch.bfloat16, False),
+    ((478, 63263, 4), 1, torch.bfloat16, False),
+    ((64, 512, 512), 1, torch.float16, False),  # the dim in registers
+])
+def test_model_and_autograd_split_the_strided_backward_alike(monkeypatch, shape, dim, dtype,
+                                                            log):
+    """The model charges the strided backward split over the dim exactly where autograd's
+    prepared backward splits it (on an H200's geometry and bandwidth)."""
+    monkeypatch.setattr(sm.autograd, "device_info", lambda device: H200)
+    y = torch.empty(shape, dtype=dtype, device="meta")
+    prepared = sm.autograd.prepare_backward(y, torch.empty_like(y), dim, log, dtype, bound=False)
+    call = _call(shape, dim, dtype, grad=True, log=log)
+    est = get_op("log_softmax" if log else "softmax").backend("strided").cost(call, MODEL)
+    (note,) = [n for n in est.notes if n.startswith("backward: ")]
+    assert ("split over programs" in note) == (prepared.__name__ == "split_columns"), note
+    assert ("split" in note) == (shape[0] not in (512, 8192, 478, 64)), note
