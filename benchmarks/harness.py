@@ -355,6 +355,19 @@ def time_in_turns(timed: dict[str, tuple[Callable[[], Any], str | None]], time_o
     return best
 
 
+def do_bench_in_turns(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """{name: [us]}: do_bench's median (L2 flushed) of each function once a round, in turns,
+    the order reversed every other round (A B C, C B A, ...), so that a drift of the host or
+    the clocks falls on every function alike. CUDA only."""
+    from triton.testing import do_bench
+
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            samples[k].append(do_bench(fns[k], return_mode="median") * 1e3)
+    return samples
+
+
 def selected(args: argparse.Namespace, name: str) -> bool:
     """Whether --filter takes the case `name` (a|b|c: any part; a part ending in $: the whole
     name)."""

@@ -38,6 +38,7 @@ os.environ.setdefault("OPSELECT_CACHE_DIR", tempfile.mkdtemp(prefix="opselect-sp
 import torch  # noqa: E402
 
 import bench_random  # noqa: E402
+import harness  # noqa: E402
 from opselect.dispatch import get_op  # noqa: E402
 from opselect.heuristics import softmax as cost  # noqa: E402
 from opselect.kernels.softmax import autograd  # noqa: E402
@@ -224,12 +225,7 @@ def time_group(args, device, op, call, name: str, fns: dict, results: dict) -> N
     if device.type != "cuda":
         print(f"{name}: {', '.join(fns)} ok (pick {pick.choice} {pick.config})")
         return
-    from triton.testing import do_bench
-
-    samples = {k: [] for k in fns}
-    for r in range(args.rounds):
-        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            samples[k].append(do_bench(fns[k], return_mode="median") * 1e3)
+    samples = harness.do_bench_in_turns(fns, args.rounds)
     us = {k: statistics.median(v) for k, v in samples.items()}
     results[name] = {"us": us, "pick": pick.choice, "config": pick.config}
     print(f"{name}: pick {pick.choice} {pick.config}\n   "
