@@ -244,3 +244,46 @@ def test_model_and_autograd_split_the_strided_backward_alike(monkeypatch, shape,
     (note,) = [n for n in est.notes if n.startswith("backward: ")]
     assert ("split over programs" in note) == (prepared.__name__ == "split_columns"), note
     assert ("split" in note) == (shape[0] not in (512, 8192, 478, 64)), note
+
+
+@pytest.mark.parametrize("shape,dim,dtype,forward,backward", [
+    # (shape, dim, dtype, (inner_block, num_warps) forward, the same backward)
+    ((1000, 33, 768), 1, torch.float16, (64, 2), (32, 2)),  # 16-byte rows: 64 / 32 a thread
+    ((1000, 33, 777), 1, torch.float16, (64, 4), (32, 4)),  # rows off the grid: half as many
+    ((30, 200, 3000), 1, torch.float16, (32, 4), (32, 8)),  # 256 rows: at least 32 columns
+    ((101, 323), 0, torch.float32, (8, 2), (8, 2)),  # few programs: blocks halved, 2 warps
+    ((64, 512, 512), 1, torch.float16, (32, 16), (16, 16)),  # past SHORT_DIM_MAX: as before
+])
+def test_short_dims_take_a_quarter_tile_and_few_warps(monkeypatch, shape, dim, dtype, forward,
+                                                      backward):
+    """A dim held whole in registers up to SHORT_DIM_MAX long takes a quarter of the tile and
+    the warps of cost.single_warps, forward (strided's first config) and backward (autograd's
+    plan), on an H200's geometry; longer dims keep the general rule (fits/softmax.md, "Short
+    dims": the general rule's 16 warps ran 1000 x 33 x 768 fp16 at 221 us, the short one at 52)."""
+    call = _call(shape, dim, dtype, grad=False)
+    strided = get_op("softmax").backend("strided")
+    plan = strided.forward_plan(call, strided.configs(call)[0], H200.sm_count)
+    assert (plan.inner_block, plan.num_warps) == forward
+    monkeypatch.setattr(sm.autograd, "device_info", lambda device: H200)
+    plans = []
+    real = sm.autograd.strided_launch_plan
+    monkeypatch.setattr(sm.autograd, "strided_launch_plan",
+                        lambda *args: plans.append(real(*args)) or plans[-1])
+    y = torch.empty(shape, dtype=dtype, device="meta")
+    sm.autograd.prepare_backward(y, torch.empty_like(y), dim, False, dtype, bound=False)
+    (bwd,) = plans
+    assert (bwd.inner_block, bwd.num_warps, bwd.single) == (*backward, True)
+
+
+def test_transposed_rows_keep_the_general_strided_rule():
+    """Rows of a transposed matrix (columns written as rows) are not the short-dim layout: the
+    rule was measured on dims of x's own layout only."""
+    x = torch.empty(37, 5000, dtype=torch.float16, device="meta").t()  # 5000 rows of 37
+    call = sm.prepare_softmax(x, -1)
+    call.info = H200
+    assert call.columns is not None
+    strided = get_op("softmax").backend("strided")
+    plan = strided.forward_plan(call, strided.configs(call)[0], H200.sm_count)
+    general = sm._strided_plan(37, 5000, 1, 2, H200.sm_count, short=False)[0]
+    assert plan.inner_block in (general, general // 2)  # (_blocks may halve it for columns)
+    assert plan.num_warps == sm.common._warps(plan.inner_block * plan.dim_block)

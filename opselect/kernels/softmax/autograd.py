@@ -21,7 +21,7 @@ from .._common import allocator, cdiv, needs_int64, next_pow2
 from .call import SoftmaxCall, _collapse
 from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _resident,
                      _row_and_part, _strided_plan, _tiles_per_program, _warps, check_config,
-                     plan_launcher, strided_launch_plan)
+                     plan_launcher, single_warps, strided_launch_plan)
 
 
 # Backward rows kernel: rows up to this long are held in registers (two tensors: y and dy).
@@ -458,7 +458,10 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
                                        tile=TILE_MAX // 2)  # two tensors in registers
         n_ib = cdiv(inner, bi)
         a = _align(inner, sgo, sgn)
-        warps = _warps(bn * bi)
+        if single and bn <= cost.SHORT_DIM_MAX:
+            warps = single_warps(bn * bi, a * y.dtype.itemsize >= 16, 32)
+        else:
+            warps = _warps(bn * bi)
         splits = 0
         if not single and cost.strided_walk_bound(
                 outer * n_ib, bi * bn, 2 * cdiv(n, bn), sm_count, model_for(info).bandwidth,

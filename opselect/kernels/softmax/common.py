@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .._jit import ROUND_BF16_BY_HAND, bf16_nearest_even
 from .._common import Launcher, allocator, cdiv, check_config, needs_int64, next_pow2, plan_launcher  # noqa: F401 (the backends import the last two from here)
-from ...heuristics.softmax import vector_shift
+from ...heuristics.softmax import single_warps, strided_plan, vector_shift  # noqa: F401
 from .call import SoftmaxCall
 
 
@@ -386,28 +386,8 @@ def _one_launch(read, launch, ints: tuple, shape: tuple, out_dtype: torch.dtype,
     return forward
 
 
-def _strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
-                  block_i: int | None = None, tile: int = TILE_MAX) -> tuple[int, int, bool]:
-    """(inner_block, dim_block, single) for a [dim x inner] reduction along axis 0: inner_block
-    inner columns per program, and the whole dim in registers (single) when dim_block x
-    inner_block fits in `tile`."""
-    pn = next_pow2(n)
-    # Row segments of 128 bytes (a cache line) by default, at most 2 KB; down to 32 bytes (a
-    # sector, still fully used) when that keeps the whole dim in registers or gives every SM work.
-    wide_i = max(1, min(next_pow2(inner), 128 // itemsize))
-    min_i = max(1, min(next_pow2(inner), 32 // itemsize))
-    if block_i is None:
-        block_i = min(next_pow2(inner), 2048 // itemsize, max(wide_i, tile // pn))
-        if pn * block_i > tile and tile // pn >= min_i:
-            block_i = tile // pn  # one read instead of two, with shorter segments
-        while block_i > min_i and outer * cdiv(inner, block_i) < 2 * sm_count:
-            block_i //= 2
-    block_i = max(1, min(block_i, next_pow2(inner)))
-    if pn * block_i <= tile:
-        return block_i, pn, True
-    # Chunks of the dim: the loop keeps a running max and sum per lane, so a chunk is a quarter
-    # of the tile (state, the chunk and its exponentials share the registers).
-    return block_i, max(1, min(pn, tile // (4 * block_i))), False
+#: The strided plans' rule (inner_block, dim_block, single): the cost model's own.
+_strided_plan = strided_plan
 
 
 def _rows_reason(call: SoftmaxCall) -> str | None:

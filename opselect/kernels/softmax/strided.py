@@ -18,7 +18,7 @@ from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (TILE_MAX, _acc, _align, _cast_for, _finish, _merge, _one_launch,
                      _online_step, _read_dtype, _reader, _strided_plan, _warps, plan_launcher,
-                     StridedPlan, strided_launch_plan)
+                     StridedPlan, single_warps, strided_launch_plan)
 
 
 @triton.jit
@@ -260,9 +260,13 @@ def strided_fwd_plan(call: SoftmaxCall, block_i: int, tile: int, warp_scale: int
     """The launch of the forward over a non-last dim (_strided_plan's tile)."""
     _, outer, n, inner, so, sn = strided_view(call)
     bi, bn, single = _strided_plan(n, inner, outer, call.in_bytes, sms, block_i, tile)
-    warps = min(32, _warps(bi * bn) * warp_scale)
-    n_ib = cdiv(inner, bi)
     a = _align(inner, so, sn)
+    if single and bn <= cost.SHORT_DIM_MAX and call.columns is None:
+        warps = single_warps(bi * bn, a * call.in_bytes >= 16, 64)
+    else:
+        warps = _warps(bi * bn)
+    warps = min(32, warps * warp_scale)
+    n_ib = cdiv(inner, bi)
     ints = (n, inner // a, n_ib, so // a, sn // a)
     i64 = needs_int64(call.numel + bn * bi, outer * so + n * sn + inner)
     return strided_launch_plan(_read_dtype(call), call.out_dtype, None, ints, a, call.log,
@@ -302,7 +306,8 @@ class StridedBackend(ForwardBackend):
         lost 1.1-1.3x; fits/softmax.md, "Rows of a transposed matrix")."""
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
         _, outer, n, inner, _, _ = strided_view(call)
-        bi, _, single = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile)
+        bi, _, single = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile,
+                                      short=call.columns is None)
         few = outer * cdiv(inner, bi) < sms
         halve = call.columns is not None and bi > 1 and (not single or few)
         return tile, bi, (bi // 2 if halve else bi)
