@@ -292,7 +292,7 @@ def test_no_route_for_a_copied_call_and_torchs_route_on_the_cpu(cpu_triton):
     a, b = rand(5, 300), rand(300, 7)
     key = plain_key("matmul", a, b)
     check(MATMUL_OP.run(prepare("matmul", (a, b)), None, key), "matmul", (a, b), "auto")
-    assert MATMUL_OP.routes[key] == (None, False, "torch")
+    assert MATMUL_OP.routes[key] == (None, False, "torch", None)
     # the tf32 switch is part of the key: another route
     torch.backends.cuda.matmul.allow_tf32 = True
     assert plain_key("matmul", a, b) != key

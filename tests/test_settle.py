@@ -194,7 +194,7 @@ def test_candidates_are_timed_through_the_public_function(cpu_triton):
         assert memo[call.key].backend is backend and memo[call.key].config == cfg
         # after its first call the choice is answered by its route: torch's op (None) or the
         # backend's prepared call
-        [(prepared, settled, chosen)] = routes.values()
+        [(prepared, settled, chosen, _)] = routes.values()
         assert settled and chosen == name and (prepared is None) == (name == "torch")
         op.routes, op._memo, op._cold = own
     # _settle times these and puts the op's own decisions back

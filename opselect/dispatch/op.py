@@ -71,13 +71,15 @@ class Op(Measuring):
         self._torch = self.backends[0]
         #: Decided calls by the public function's plain arguments (ops.py builds the key:
         #: shapes, strides, dtypes, device, the scalar arguments) -> (prepared call, settled,
-        #: backend name). The prepared call is the chosen backend's bind() of the call, a
-        #: function of its tensors, or None where the choice is torch's own op (ops.py calls it
-        #: directly); settled is False for the cost model's choices, decided again in tuning
-        #: mode. ops.py (and routing.py) answer a call found here before preparing it: a repeat
-        #: call is its key, one lookup and the launch. Derived from the two memos below and
-        #: emptied by any change to them.
-        self.routes: dict[tuple, tuple[Callable[..., Any] | None, bool, str]]
+        #: backend name, regime). The prepared call is the chosen backend's bind() of the call,
+        #: a function of its tensors, or None where the choice is torch's own op (ops.py calls
+        #: it directly); settled is False for the cost model's choices, decided again in tuning
+        #: mode. regime is None, or, where the choice under a CUDA graph differs, (that choice's
+        #: prepared call or None, the call's DeviceInfo): fronts/_base.in_regime picks per call.
+        #: ops.py (and routing.py) answer a call found here before preparing it: a repeat call
+        #: is its key, one lookup and the launch. Derived from the two memos below and emptied
+        #: by any change to them.
+        self.routes: dict[tuple, tuple[Callable[..., Any] | None, bool, str, tuple | None]]
         #: settled choices (measured, cached, the only candidate, agreed across ranks) per key
         self._memo: dict[tuple, Choice]
         #: the cost model's (provisional) choices, per exact call (Call.exact)
@@ -120,11 +122,14 @@ class Op(Measuring):
             table, entry, route = self.forced_routes, None, None if route is None else \
                 (backend, route)
         if route is not None:
-            prepared = self._route(call, choice)
-            if prepared is not False:
+            routed = self._route(call, choice)
+            if routed is not False:
+                prepared, regime = routed
                 if len(table) >= ROUTES_MAX:
                     table.clear()
-                table[route] = prepared if entry is None else (prepared, *entry)
+                table[route] = prepared if entry is None else (prepared, *entry, regime)
+                if regime is not None and _tuning.capturing(regime[1]):
+                    prepared = regime[0]
                 if prepared is not None:
                     return prepared(*call.inputs())
         if choice.graph is not None and _tuning.capturing(call.info):
@@ -136,27 +141,21 @@ class Op(Measuring):
                 return choice.backend.run(call, choice.config)
         return choice.backend.run(call, choice.config)
 
-    def _route(self, call: Call, choice: Choice) -> Callable[..., Any] | None | bool:
-        """What a route of this call holds: None for torch's own op, the chosen backend's
-        prepared call, or False when the call cannot be prepared (no route). Where the choice
-        under a CUDA graph differs, a prepared call that asks, per call, whether the current
-        stream is capturing and runs that regime's choice."""
+    def _route(self, call: Call, choice: Choice) -> tuple | bool:
+        """What a route of this call holds: (prepared, regime), prepared None for torch's own
+        op or the chosen backend's prepared call; regime None, or where the choice under a CUDA
+        graph differs (graph's prepared call or None, the call's DeviceInfo), which the public
+        function asks about only for such routes (an eager call chosen torch for its host time
+        stays one lookup from torch's op); False when the call cannot be prepared (no route)."""
         eager = self._prepared(call, choice)
-        if choice.graph is None or eager is False:
-            return eager
-        graph = self._prepared(call, choice.graph)
-        if eager is None:
-            eager = self._torch.bind(call, {})
-        if graph is None:
-            graph = self._torch.bind(call, {})
-        if not (callable(eager) and callable(graph)):
+        if eager is False:
             return False
-        info = call.info
-
-        def by_regime(*tensors: Any) -> Any:
-            return (graph if _tuning.capturing(info) else eager)(*tensors)
-
-        return by_regime
+        if choice.graph is None:
+            return eager, None
+        graph = self._prepared(call, choice.graph)
+        if graph is False:
+            return False
+        return eager, (graph, call.info)
 
     def _prepared(self, call: Call, choice: Choice) -> Callable[..., Any] | None | bool:
         if choice.backend is self._torch:

@@ -19,6 +19,7 @@ from torch.compiler import is_compiling as _compiling
 
 from .. import routing_state as _state
 from .. import usage as _usage
+from ..dispatch import tuning_mode as _tuning
 from ..dispatch.op import Op
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..errors import BackendError, TorchOnlyCall
@@ -110,12 +111,21 @@ def _route(op: Op, key: Optional[tuple], backend: Optional[str]) -> Any:
         if route is None or not (route[1] or not _tuning_state.active):
             return None
         _usage.count(op.name, route[2])
-        return PASS if route[0] is None else route[0]
+        prepared = route[0] if route[3] is None else in_regime(route)
+        return PASS if prepared is None else prepared
     prepared = op.forced_routes.get((backend, key), _UNSEEN)
     if prepared is _UNSEEN:
         return None
     _usage.count(op.name, backend)
     return PASS if prepared is None else prepared
+
+
+def in_regime(route: tuple) -> Optional[Callable]:
+    """The prepared call (None: torch's op) of a route whose choice differs under a CUDA graph
+    (Op.routes' regime): the graph's while the current stream captures, else the eager one.
+    The fronts call it only for such routes: the others' cost is one test of route[3]."""
+    graph, info = route[3]
+    return graph if _tuning.capturing(info) else route[0]
 
 
 def _prepared(prepared: Callable, *tensors) -> Any:

@@ -28,7 +28,7 @@ from ..errors import TorchOnlyCall
 from ..kernels.matmul import prepare_linear, prepare_matmul
 from ..kernels.matmul.call import DTYPES, plain_key
 from ..transforms import _bdim_first, batched
-from ._base import _STRIDED, _TENSOR, _UNSEEN, _known, _takes
+from ._base import _STRIDED, _TENSOR, _UNSEEN, _known, _takes, in_regime
 
 _PARAMETER = torch.nn.Parameter
 _DTYPES = frozenset(DTYPES)
@@ -97,7 +97,8 @@ def torch_route(op, key, backend) -> bool:
         return False
     if backend is None or backend == "auto":
         route = op.routes.get(key)
-        return route is not None and route[0] is None and (route[1] or not _tuning_state.active)
+        return route is not None and (route[1] or not _tuning_state.active) and (
+            route[0] if route[3] is None else in_regime(route)) is None
     return op.forced_routes.get((backend, key), _UNSEEN) is None
 
 

@@ -20,7 +20,7 @@ from ..kernels.isin.call import plain_key as _isin_key
 from ..library import LIB, _ops, _placed, _run, _unrouted
 from ..transforms import _bdim_first
 from ._base import (PASS, _UNSEEN, _VF, _arg, _counted, _functorch_active, _known, _prepared,
-                    _route, _takes, _torch_answers, _tracing)
+                    _route, _takes, _torch_answers, _tracing, in_regime)
 
 _TORCH_ISIN = _VF.isin
 
@@ -45,12 +45,13 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
     if backend is None or backend == "auto":
         route = _isin.OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
-            if route[0] is None:
+            prepared = route[0] if route[3] is None else in_regime(route)
+            if prepared is None:
                 if assume_unique or invert:
                     return torch.isin(elements, test_elements, assume_unique=assume_unique,
                                       invert=invert)
                 return torch.isin(elements, test_elements)  # (keywords cost the parser time)
-            return route[0](elements, test_elements)
+            return prepared(elements, test_elements)
     elif key is not None:
         prepared = _isin.OP.forced_routes.get((backend, key), _UNSEEN)
         if prepared is not _UNSEEN:

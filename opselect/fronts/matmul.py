@@ -23,7 +23,7 @@ from ..kernels.matmul import LINEAR_OP, MATMUL_OP, prepare_addmm, prepare_linear
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted)
 from ._base import (PASS, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active, _prepared,
-                    _route, _torch_answers, _tracing)
+                    _route, _torch_answers, _tracing, in_regime)
 from ._matmul_rules import (arguments, bias_row, inductor_gemm, linear_batched, linear_vjp, logical,
                             matmul_batched, matmul_vjp, plain_eager, product_tangent, route_key,
                             taken, torch_route, traced, write_out)
@@ -57,7 +57,8 @@ def matmul(input: torch.Tensor, other: torch.Tensor, *, out: Optional[torch.Tens
     if backend is None or backend == "auto":
         route = MATMUL_OP.routes.get(key)  # (op.routes, not a local: tuning swaps the table)
         if route is not None and (route[1] or not _tuning_state.active):
-            return _TORCH_MATMUL(input, other) if route[0] is None else route[0](input, other)
+            prepared = route[0] if route[3] is None else in_regime(route)
+            return _TORCH_MATMUL(input, other) if prepared is None else prepared(input, other)
     elif key is not None:
         prepared = MATMUL_OP.forced_routes.get((backend, key), _UNSEEN)
         if prepared is not _UNSEEN:
@@ -80,9 +81,10 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if backend is None or backend == "auto":
         route = LINEAR_OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
-            if route[0] is None:
+            prepared = route[0] if route[3] is None else in_regime(route)
+            if prepared is None:
                 return _TORCH_LINEAR(input, weight, bias)
-            return route[0](input, weight, bias)
+            return prepared(input, weight, bias)
     elif key is not None:
         prepared = LINEAR_OP.forced_routes.get((backend, key), _UNSEEN)
         if prepared is not _UNSEEN:
@@ -131,7 +133,8 @@ def _plain(linear: bool, backend, *tensors):
     if backend is None or backend == "auto":
         route = op.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
-            return torch_op(*tensors) if route[0] is None else route[0](*tensors)
+            prepared = route[0] if route[3] is None else in_regime(route)
+            return torch_op(*tensors) if prepared is None else prepared(*tensors)
     elif key is not None:
         prepared = op.forced_routes.get((backend, key), _UNSEEN)
         if prepared is not _UNSEEN:

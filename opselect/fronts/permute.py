@@ -21,7 +21,7 @@ from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _plac
                        _symbolic, _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _PLAIN, _TENSOR, _UNSEEN, _arg, _counted, _functorch_active, _prepared,
-                    _route, _takes, _tracing)
+                    _route, _takes, _tracing, in_regime)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,9 +55,10 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
     if backend is None or backend == "auto":
         route = _permute.OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
-            if route[0] is None:
+            prepared = route[0] if route[3] is None else in_regime(route)
+            if prepared is None:
                 return torch.permute_copy(input, dims)  # (one ATen call: kernels/permute/call.py)
-            return route[0](input)
+            return prepared(input)
     elif key is not None:
         prepared = _permute.OP.forced_routes.get((backend, key), _UNSEEN)
         if prepared is not _UNSEEN:
@@ -73,7 +74,7 @@ def permute(input: torch.Tensor, dims: Sequence[int], *, out: Optional[torch.Ten
             routes = _permute.OP.routes
             if len(routes) >= ROUTES_MAX:
                 routes.clear()
-            routes[key] = (_view_route(call.dims), True, "torch")
+            routes[key] = (_view_route(call.dims), True, "torch", None)
         return _permute_view(input, call.dims)
     return _permute.OP.run(call, backend, key)
 

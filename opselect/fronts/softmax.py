@@ -23,7 +23,7 @@ from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _plac
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _FLOATS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active,
-                    _known, _prepared, _route, _takes, _torch_answers, _tracing)
+                    _known, _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
 
 _TORCH_SOFTMAX, _TORCH_LOG_SOFTMAX = _VF.softmax, _VF.log_softmax
 
@@ -49,9 +49,10 @@ def _public(log: bool):
         if backend is None or backend == "auto":
             route = op.routes.get(key)  # (op.routes, not a local: tuning swaps the table)
             if route is not None and (route[1] or not _tuning_state.active):
-                if route[0] is None:
+                prepared = route[0] if route[3] is None else in_regime(route)
+                if prepared is None:
                     return torch_op(input, dim, dtype)  # (positional: quicker to parse)
-                return route[0](input)
+                return prepared(input)
         elif key is not None:
             prepared = op.forced_routes.get((backend, key), _UNSEEN)
             if prepared is not _UNSEEN:

@@ -21,7 +21,7 @@ from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _plac
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active, _known,
-                    _prepared, _route, _takes, _torch_answers, _tracing)
+                    _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
 
 _TORCH_TOPK = _VF.topk
 
@@ -43,9 +43,10 @@ def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorte
     if backend is None or backend == "auto":
         route = _topk.OP.routes.get(key)
         if route is not None and (route[1] or not _tuning_state.active):
-            if route[0] is None:
+            prepared = route[0] if route[3] is None else in_regime(route)
+            if prepared is None:
                 return torch.topk(input, k, dim, largest, sorted)
-            return route[0](input)
+            return prepared(input)
     elif key is not None:
         prepared = _topk.OP.forced_routes.get((backend, key), _UNSEEN)
         if prepared is not _UNSEEN:
