@@ -108,7 +108,7 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool,
         router = getattr(_thread, "router", None)
         if router is None or op not in router.ops:
             return original(*args, **kwargs)
-        if (not _compiling() and (_functorch_active() or _fwad._current_level >= 0)
+        if ((_functorch_active() or _fwad._current_level >= 0) and not _compiling()
                 and not (args and type(args[0]) is FunctionalTensor)):
             # A function transform (forward-mode AD, torch.func) is watching: torch's op takes
             # the call with every rule the transform needs.
@@ -128,16 +128,26 @@ def _entry(op: str, original: Callable, handler: Callable, calls_entries: bool,
 
     if layout:
         general = routed
+        eager = handler.eager  # the front's handler of an eager plain view (no re-checks)
 
         def routed(*args, **kwargs):  # noqa: F811 (the layout entries' wrapper, around it)
-            # The common call of a model's .contiguous() or .reshape(): an eager, plain,
-            # contiguous tensor, which torch's entry answers (the tensor itself, or a view)
-            # whatever the routing. Four checks, before anything else.
+            # A model calls .contiguous() and .reshape() many times a layer, mostly on
+            # contiguous tensors, which torch's entry answers (the tensor itself, or a view)
+            # whatever the routing: four checks, before anything else. An eager plain view
+            # that is not contiguous goes straight to the front's eager handler, which skips
+            # the general path's checks (in a model's forward, between other layers' work,
+            # each step of Python costs 3-5 times its microbenchmark: caches are cold).
             if args:
                 x = args[0]
-                if (type(x) is _TENSOR and x.layout is _STRIDED and not _compiling()
-                        and x.is_contiguous()):
-                    return original(*args, **kwargs)
+                if type(x) is _TENSOR and x.layout is _STRIDED and not _compiling():
+                    if x.is_contiguous():
+                        return original(*args, **kwargs)
+                    router = getattr(_thread, "router", None)
+                    if (router is None or op not in router.ops or _functorch_active()
+                            or _fwad._current_level >= 0):
+                        return original(*args, **kwargs)
+                    result = eager(router, x, args, kwargs)
+                    return original(*args, **kwargs) if result is PASS else result
             return general(*args, **kwargs)
 
     functools.update_wrapper(routed, original)  # name, doc; __wrapped__ is the original

@@ -3,6 +3,7 @@ does not take reach torch untouched; no recursion; stats."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import threading
 
@@ -111,6 +112,11 @@ PASSED = [
     ("reshape that views", lambda: _x(4, 6).t().reshape(6, 2, 2)),
     ("reshape of contiguous", lambda: _x(4, 6).reshape(-1)),
     ("reshape of a sliced view", lambda: _x(6, 8)[:, ::2].reshape(-1)),
+    # repeat_kv's (Llama's grouped attention): an expanded view, which no permute copies
+    ("reshape of an expanded view", lambda: _x(2, 2, 3, 4)[:, :, None].expand(2, 2, 3, 3, 4)
+     .reshape(2, 6, 3, 4)),
+    ("contiguous of an expanded view", lambda: _x(3, 1).expand(3, 4).contiguous()),
+    ("contiguous of an empty transposed view", lambda: _x(0, 5).t().contiguous()),
 ]
 
 
@@ -479,3 +485,41 @@ def test_gpu_compiled_inductor_under_enable(cuda, forced):
     else:  # the rule: softmax and permute stay inductor's
         for op in ("softmax", "log_softmax", "permute"):
             assert set(stats[op]["traced"]) == {"aten"}, (op, stats)
+
+
+def test_eager_density_check_agrees_with_the_walk():
+    """The layout entries' eager path asks torch whether a view is dense (one C call); the walk
+    over sorted strides is what traced calls use. Both must say the same of every non-empty view,
+    overlapping ones (as_strided, expand) included."""
+    from opselect.fronts.permute import _dense_eager, _dense_permuted
+
+    rng = random.Random(0)
+    seen = {True: 0, False: 0}
+    for _ in range(3000):
+        rank = rng.randint(0, 5)
+        x = torch.empty([rng.choice([1, 2, 3, 4]) for _ in range(rank)])
+        if rank:
+            x = x.permute(*rng.sample(range(rank), rank))
+        for _ in range(rng.randint(0, 3)):
+            kind, rank = rng.random(), x.dim()
+            if kind < 0.25:
+                d = rng.randrange(rank + 1)
+                x = x.unsqueeze(d)
+                size = list(x.shape)
+                size[d] = rng.choice([1, 2, 3])
+                x = x.expand(size)
+            elif kind < 0.5 and rank and x.shape[0] > 1:
+                x = x[::2] if rng.random() < 0.5 else x[1:]
+            elif kind < 0.7 and rank >= 2:
+                x = x.transpose(0, rank - 1)
+            elif kind < 0.85:
+                x = x.unsqueeze(rng.randrange(rank + 1))
+            else:
+                x = torch.empty(64).as_strided((2, 3, 2), rng.choice(
+                    [(6, 2, 1), (1, 2, 6), (3, 1, 6), (1, 1, 1), (6, 1, 3), (2, 4, 1)]))
+        want = _dense_permuted(x)
+        assert _dense_eager(x) == want, (tuple(x.shape), x.stride())
+        seen[want] += 1
+    assert min(seen.values()) > 300  # both answers drawn often
+    assert not _dense_eager(torch.empty(0, 5).t())  # empty: torch calls it dense; not routed
+

@@ -28,7 +28,7 @@ from ..errors import TorchOnlyCall
 from ..kernels.matmul import prepare_linear, prepare_matmul
 from ..kernels.matmul.call import DTYPES, plain_key
 from ..transforms import _bdim_first, batched
-from ._base import _STRIDED, _TENSOR, _UNSEEN, _known, _takes, in_regime
+from ._base import _STRIDED, _TENSOR, _UNSEEN, _takes, in_regime
 
 _PARAMETER = torch.nn.Parameter
 _DTYPES = frozenset(DTYPES)
@@ -86,7 +86,7 @@ def arguments(args: tuple, kwargs: dict, names: tuple, known: frozenset) -> Opti
             return args
         if n > len(names):
             return None
-    elif n > len(names) or not _known(kwargs, known):
+    elif n > len(names) or not kwargs.keys() <= known:
         return None
     return tuple([args[i] if i < n else kwargs.get(name) for i, name in enumerate(names)])
 

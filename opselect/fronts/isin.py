@@ -19,7 +19,7 @@ from ..kernels import isin as _isin
 from ..kernels.isin.call import plain_key as _isin_key
 from ..library import LIB, _ops, _placed, _run, _unrouted
 from ..transforms import _bdim_first
-from ._base import (PASS, _UNSEEN, _VF, _arg, _counted, _functorch_active, _known, _prepared,
+from ._base import (PASS, _UNSEEN, _VF, _arg, _counted, _functorch_active, _prepared,
                     _route, _takes, _torch_answers, _tracing, in_regime)
 
 _TORCH_ISIN = _VF.isin
@@ -242,7 +242,7 @@ _ISIN_KW = frozenset(("elements", "test_elements", "assume_unique", "invert"))
 def _isin_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     elements = _arg(args, kwargs, 0, "elements")
     test = _arg(args, kwargs, 1, "test_elements")
-    if (len(args) > 2 or not _known(kwargs, _ISIN_KW) or not _takes(elements)
+    if (len(args) > 2 or not kwargs.keys() <= _ISIN_KW or not _takes(elements)
             or not _takes(test)):
         return PASS
     assume_unique = bool(kwargs.get("assume_unique", False))

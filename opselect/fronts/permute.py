@@ -17,11 +17,12 @@ from ..dispatch.op import ROUTES_MAX
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..kernels import permute as _permute
 from ..kernels.permute.call import plain_key as _permute_key
+from ..kernels.permute.call import strided_key as _strided_key
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _symbolic, _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
-from ._base import (PASS, _PLAIN, _TENSOR, _UNSEEN, _arg, _counted, _functorch_active, _prepared,
-                    _route, _takes, _tracing, in_regime)
+from ._base import (PASS, _PLAIN, _STRIDED, _TENSOR, _UNSEEN, _arg, _counted, _functorch_active,
+                    _prepared, _route, _takes, _tracing, in_regime)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +233,20 @@ def _dense_permuted(x: torch.Tensor) -> bool:
     return True
 
 
+#: torch's own answer for a plain eager tensor (TensorImpl::is_non_overlapping_and_dense, a flag
+#: kept with the strides): 0 (MemOverlap::No) is given for those tensors alone. One C call
+#: against the walk's ~0.9 us; not for traced tensors (Dynamo would have to trace it).
+_internal_overlap = getattr(torch, "_debug_has_internal_overlap", None)
+
+
+def _dense_eager(x: torch.Tensor) -> bool:
+    """_dense_permuted(x) for an eager plain tensor with elements (torch calls an empty tensor
+    dense; the walk, and so the routing, does not)."""
+    if _internal_overlap is None:
+        return _dense_permuted(x)
+    return _internal_overlap(x) == 0 and x.numel() != 0
+
+
 def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
     dims = _identity(x.dim())
     backend = router.backends.get("permute")
@@ -265,20 +280,44 @@ def _contiguous_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any
     x = args[0] if args else kwargs.get("self")
     if _already_contiguous(x):
         return PASS
-    if (len(args) > 1 or kwargs) and _arg(args, kwargs, 1, "memory_format",
-                                          torch.contiguous_format) is not torch.contiguous_format:
-        return PASS
     if type(x) is _TENSOR and not _compiling():
-        # A layout decided before: its route answers, without _plain_view's checks again (the
-        # key holds the whole layout, and a route is made only for a call that passed them,
-        # or for ops.permute's own copy of that layout, which is as right).
-        route = _route(_permute.OP, _permute_key(x, _identity(x.dim())),
-                       router.backends.get("permute"))
-        if route is not None:
-            return route if route is PASS else _prepared(route, x)
-    if not _plain_view(x):
+        return _contiguous_eager(router, x, args, kwargs) if x.layout is _STRIDED else PASS
+    if _other_format(args, kwargs) or not _plain_view(x):
         return PASS
     return _copy_of_view(router, x)
+
+
+def _other_format(args: tuple, kwargs: dict) -> bool:
+    """contiguous(memory_format=...) asks for a layout other than the contiguous one."""
+    return bool(len(args) > 1 or kwargs) and _arg(
+        args, kwargs, 1, "memory_format", torch.contiguous_format) is not torch.contiguous_format
+
+
+def _contiguous_eager(router: _state.Router, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    """Tensor.contiguous() of an eager plain tensor that is not contiguous (the layout wrapper
+    checked that much)."""
+    if (kwargs or len(args) > 1) and _other_format(args, kwargs):
+        return PASS
+    return _copy_eager(router, x)
+
+
+def _copy_eager(router: _state.Router, x: torch.Tensor) -> Any:
+    """The contiguous copy of an eager plain strided tensor that is not contiguous, or PASS. A
+    layout decided before: its route answers, before the density check (the key holds the
+    whole layout, and a route is made only for a call that passed it, or for ops.permute's own
+    copy of that layout, which is as right)."""
+    dims = _identity(x.dim())
+    backend = router.backends.get("permute")
+    key = _strided_key(x, dims)
+    route = _route(_permute.OP, key, backend)
+    if route is not None:
+        return route if route is PASS else _prepared(route, x)
+    if key is None or not _dense_eager(x):
+        return PASS
+    return _counted(_permute.OP, _permute.prepare_keyed, backend, key, key, x, dims)
+
+
+_contiguous_handler.eager = _contiguous_eager
 
 
 #: The identity permutation of each rank up to 16: the dims of the copy contiguous() makes.
@@ -294,23 +333,73 @@ def _reshape_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     x = args[0] if args else kwargs.get("input", kwargs.get("self"))
     if _already_contiguous(x) or not _plain_view(x):
         return PASS
+    return _reshape_view(router, x, args, kwargs)
+
+
+#: (shape, strides, the reshape's shape argument) -> the shape a copy is viewed as, or None where
+#: the reshape is a view, or copies what no permute copies (PASS): the eager path's memo of
+#: _reshape_target, whose Python walks over the dims (_infer, _view_strides) cost more than the
+#: rest of the call. Bounded: cleared when full.
+_RESHAPE_TARGETS: dict[tuple, Optional[tuple]] = {}
+_RESHAPE_TARGETS_MAX = 4096
+
+
+def _reshape_eager(router: _state.Router, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    """_reshape_handler for an eager plain tensor that is not contiguous (the layout wrapper
+    checked that much): a repeat_kv's expanded view, or the merge of attention heads."""
+    shape = _shape_argument(args, kwargs)
+    if shape is None:
+        return PASS
+    memo = (x.shape, x.stride(), shape)
+    target = _RESHAPE_TARGETS.get(memo, _UNSEEN)
+    if target is _UNSEEN:
+        target = _reshape_target(x, shape) if _dense_eager(x) else None
+        if len(_RESHAPE_TARGETS) >= _RESHAPE_TARGETS_MAX:
+            _RESHAPE_TARGETS.clear()
+        _RESHAPE_TARGETS[memo] = target
+    if target is None:
+        return PASS
+    copy = _copy_eager(router, x)
+    return copy if copy is PASS else copy.view(target)  # (PASS: torch's reshape copies)
+
+
+def _reshape_view(router: _state.Router, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    shape = _shape_argument(args, kwargs)
+    target = None if shape is None else _reshape_target(x, shape)
+    if target is None:
+        return PASS
+    copy = _copy_of_view(router, x)
+    return copy if copy is PASS else copy.view(target)  # (PASS: torch's reshape copies)
+
+
+def _shape_argument(args: tuple, kwargs: dict) -> Optional[tuple]:
+    """reshape's shape, as a tuple of ints (None: not given, or not all ints)."""
     rest = args[1:]
     if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
         shape = tuple(rest[0])
     elif rest:
-        shape = tuple(rest)
+        shape = rest
     else:
         shape = kwargs.get("shape")
         if shape is None:
-            return PASS
+            return None
         shape = tuple(shape)
-    if not all(type(s) is int for s in shape):
-        return PASS
+    for size in shape:
+        if type(size) is not int:
+            return None
+    return shape
+
+
+def _reshape_target(x: torch.Tensor, shape: tuple) -> Optional[tuple]:
+    """The shape that x's contiguous copy is viewed as, or None where the reshape is a view of
+    x (or the shape is wrong: torch's reshape says why)."""
     target = _infer(shape, x.numel())
     if target is None or _view_strides(tuple(x.shape), x.stride(), target) is not None:
-        return PASS  # a view does it (or the shape is wrong: torch says why)
-    copy = _copy_of_view(router, x)
-    return copy if copy is PASS else copy.view(target)  # (PASS: torch's reshape copies)
+        return None
+    return target
+
+
+_reshape_handler.eager = _reshape_eager
 
 
 def _infer(shape: tuple, numel: int) -> Optional[tuple]:

@@ -23,7 +23,7 @@ from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _plac
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ._base import (PASS, _FLOATS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active,
-                    _known, _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
+                    _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
 
 _TORCH_SOFTMAX, _TORCH_LOG_SOFTMAX = _VF.softmax, _VF.log_softmax
 
@@ -322,7 +322,7 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
 
     def handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
         n = len(args)
-        if n > most or (kwargs and not _known(kwargs, _SOFTMAX_KW)):
+        if n > most or not kwargs.keys() <= _SOFTMAX_KW:
             return PASS
         if kwargs:
             x = args[0] if n else kwargs.get("input")

@@ -20,7 +20,7 @@ from ..kernels.topk.call import prepare_keyed as _prepare_topk
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
-from ._base import (PASS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active, _known,
+from ._base import (PASS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active,
                     _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
 
 _TORCH_TOPK = _VF.topk
@@ -227,7 +227,7 @@ _TOPK_DTYPES = frozenset(_topk.SUPPORTED_DTYPES)
 
 def _topk_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     n = len(args)
-    if n > 5 or (kwargs and not _known(kwargs, _TOPK_KW)):
+    if n > 5 or not kwargs.keys() <= _TOPK_KW:
         return PASS
     get = kwargs.get
     x = args[0] if n else get("input")

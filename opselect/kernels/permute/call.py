@@ -217,15 +217,21 @@ def plain_key(input, dims) -> tuple | None:
     list of ints, no out): its geometry, dtype, device and alignment; None for any other
     arguments. ops.py keys its torch routes by it."""
     if type(input) is torch.Tensor and type(dims) in (tuple, list) and \
-            input.layout is torch.strided and not (input.is_neg() or input.is_conj()):
-        # (a sparse tensor has no data pointer; a lazy negated or conjugated view only torch's
-        # copy resolves)
+            input.layout is torch.strided:  # (a sparse tensor has no data pointer)
         for d in dims:
             if type(d) is not int:
                 return None
-        return (input.shape, input.stride(), input.dtype, input.device, tuple(dims),
-                input.data_ptr() % 16)
+        return strided_key(input, tuple(dims))
     return None
+
+
+def strided_key(input: torch.Tensor, dims: tuple) -> tuple | None:
+    """plain_key(input, dims) of a strided torch.Tensor and a tuple of ints, its checks made by
+    the caller (enable()'s copy of a view: a call in a model's layer, where every step it takes
+    costs several times its microbenchmark)."""
+    if input.is_neg() or input.is_conj():
+        return None  # a lazy negated or conjugated view only torch's copy resolves
+    return (input.shape, input.stride(), input.dtype, input.device, dims, input.data_ptr() % 16)
 
 
 def prepare_keyed(key: tuple | None, input, dims) -> PermuteCall:
