@@ -523,3 +523,35 @@ def test_eager_density_check_agrees_with_the_walk():
     assert min(seen.values()) > 300  # both answers drawn often
     assert not _dense_eager(torch.empty(0, 5).t())  # empty: torch calls it dense; not routed
 
+
+GRAD_COPIES = [
+    ("contiguous", lambda t: t.transpose(0, 1).contiguous()),
+    ("reshape", lambda t: t.transpose(0, 1).reshape(-1, 3)),
+]
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"])
+@pytest.mark.parametrize("parameter", [False, True], ids=["tensor", "parameter"])
+@pytest.mark.parametrize("form", GRAD_COPIES, ids=[g[0] for g in GRAD_COPIES])
+def test_routed_copy_of_a_view_keeps_autograd(cpu_triton, form, parameter, forced):
+    """A routed copy of a view that requires grad is recorded by autograd, also after a call of
+    the same layout under no_grad made its route (a route is keyed by layout alone, and a
+    prepared kernel records nothing: the copy once came back with no grad_fn, so the training
+    step's gradient never reached the input)."""
+    _, copy = form
+    values = _x(4, 6, 3)
+    leaf = torch.nn.Parameter(values.clone()) if parameter else values.clone().requires_grad_()
+    weight = _x(*copy(values).shape, seed=1)
+    want_out = copy(values)
+    with opselect.enabled(backends=FORCED if forced else None):
+        with torch.no_grad():
+            copy(values.clone())  # the layout's route, made without autograd
+        out = copy(leaf)
+        assert out.grad_fn is not None
+        (out * weight).sum().backward()
+    _equal(out.detach(), want_out)
+    reference = values.clone().requires_grad_()
+    (copy(reference) * weight).sum().backward()
+    torch.testing.assert_close(leaf.grad, reference.grad)
+    assert sum(calls("permute").values()) == 2
+    assert list(calls("permute")) == ([FORCED["permute"]] if forced else ["torch"])

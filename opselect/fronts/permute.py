@@ -13,6 +13,7 @@ from torch.compiler import is_compiling as _compiling
 
 from .. import routing_state as _state
 from .. import transforms as _transforms
+from .. import usage as _usage
 from ..dispatch.op import ROUTES_MAX
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..kernels import permute as _permute
@@ -237,6 +238,7 @@ def _dense_permuted(x: torch.Tensor) -> bool:
 #: kept with the strides): 0 (MemOverlap::No) is given for those tensors alone. One C call
 #: against the walk's ~0.9 us; not for traced tensors (Dynamo would have to trace it).
 _internal_overlap = getattr(torch, "_debug_has_internal_overlap", None)
+_grad_enabled = torch.is_grad_enabled
 
 
 def _dense_eager(x: torch.Tensor) -> bool:
@@ -252,6 +254,8 @@ def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
     backend = router.backends.get("permute")
     if _tracing(x):
         return _compiled(x, dims, None, backend)
+    if x.requires_grad and _grad_enabled():
+        return _recorded_copy(x, dims, backend)
     key = _permute_key(x, dims)
     route = _route(_permute.OP, key, backend)
     if route is not None:
@@ -308,6 +312,8 @@ def _copy_eager(router: _state.Router, x: torch.Tensor) -> Any:
     copy of that layout, which is as right)."""
     dims = _identity(x.dim())
     backend = router.backends.get("permute")
+    if x.requires_grad and _grad_enabled():
+        return _recorded_copy(x, dims, backend) if _dense_eager(x) else PASS
     key = _strided_key(x, dims)
     route = _route(_permute.OP, key, backend)
     if route is not None:
@@ -315,6 +321,21 @@ def _copy_eager(router: _state.Router, x: torch.Tensor) -> Any:
     if key is None or not _dense_eager(x):
         return PASS
     return _counted(_permute.OP, _permute.prepare_keyed, backend, key, key, x, dims)
+
+
+def _recorded_copy(x: torch.Tensor, dims: tuple, backend: Optional[str]) -> torch.Tensor:
+    """The copy of a view that autograd records (as ops.permute makes it). A route never answers
+    such a call: routes are keyed by layout alone, and a prepared kernel records no autograd
+    (a Triton route made by a call under no_grad once gave a training step's copy no grad_fn,
+    so no gradient reached the input)."""
+    token = _state.suspend()
+    try:
+        copy = _transformed(x, dims, None, backend)
+        with torch.no_grad():  # (the call as its forward ran it, for stats())
+            _usage.record_run(_permute.OP, _permute.prepare(x, dims), backend)
+    finally:
+        _state.resume(token)
+    return copy
 
 
 _contiguous_handler.eager = _contiguous_eager
