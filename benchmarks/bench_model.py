@@ -288,7 +288,10 @@ def run(args) -> dict:
     saved = out / "model.json"
     kept = []
     if args.merge and saved.exists():
-        kept = json.loads(saved.read_text()).get("rows", [])
+        before = json.loads(saved.read_text())
+        kept = [dict(r, measured=r.get("measured", before.get("date", "?")),
+                     rounds=r.get("rounds", before.get("rounds")))
+                for r in before.get("rows", [])]
     rows: list[dict] = []
     todo = cells(args)
     models: dict = {}
@@ -311,6 +314,7 @@ def run(args) -> dict:
                    "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
             print(f"  !! {name} batch {batch} {phase} {mode}: {row['error']}", flush=True)
         row["model"] = name
+        row["measured"], row["rounds"] = time.strftime("%Y-%m-%d"), args.rounds
         rows.append(row)
         if "ratio" in row:
             print(f"{name:<10} b{batch:<3} {phase:<13} {mode:<16} without "
@@ -350,11 +354,30 @@ def _save(result: dict, args, out: Path) -> None:
     plot(result, out / "model.png")
 
 
+def _dates(result: dict) -> str:
+    """When the rows were measured (a --merge run keeps older rows; a row without a date is
+    from before rows carried one, the date of the run it came from)."""
+    counts: dict[str, int] = {}
+    for r in result["rows"]:
+        day = r.get("measured", result.get("kept_date", result["date"]))
+        counts[day] = counts.get(day, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return "rows measured " + ", ".join(f"{d} ({n})" for d, n in sorted(counts.items(),
+                                                                      reverse=True))
+
+
+def _rounds(result: dict) -> str:
+    counts = sorted({r.get("rounds") or result["rounds"] for r in result["rows"]} or
+                    {result["rounds"]})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
 def markdown(result: dict) -> str:
     lines = [f"# Models with and without opselect.enable() on {result['device']}", "",
              f"torch {result['torch']}, triton {result['triton']}, transformers "
-             f"{result['transformers']}, {result['date']}. Median ms per call [min-max] over "
-             f"{result['rounds']} rounds taken in turns; ratio = without / with (> 1: faster "
+             f"{result['transformers']}, {_dates(result)}. Median ms per call [min-max] over "
+             f"{_rounds(result)} rounds taken in turns; ratio = without / with (> 1: faster "
              f"with opselect); 'noise' where the medians differ by less than a variant's own "
              f"range. forward: {result['tokens']} tokens (forward-long: "
              f"{result['long_tokens']}); decode: one token against a static KV cache of "
