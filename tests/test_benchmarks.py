@@ -401,3 +401,14 @@ def test_providers_are_timed_in_turns_each_auto_with_its_cache(tmp_path, monkeyp
                          "auto-warm": 93.0}
     assert row["errors"] == {"wrong": "differs"}
     assert row["auto_cold_choice"] == row["auto_warm_choice"] == "fast"
+
+
+@pytest.mark.slow  # (make test-all)
+def test_host_routed_in_model_smoke(tmp_path):
+    """The in-model host timing (a tiny Llama on the CPU; it runs anywhere transformers does)."""
+    pytest.importorskip("transformers")
+    env = {**os.environ, "OPSELECT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_routed_in_model.py"),
+                             "--smoke"], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "heads.contiguous() (transposed)" in result.stdout
