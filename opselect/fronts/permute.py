@@ -250,17 +250,10 @@ def _dense_eager(x: torch.Tensor) -> bool:
 
 
 def _copy_of_view(router: _state.Router, x: torch.Tensor) -> Any:
-    dims = _identity(x.dim())
-    backend = router.backends.get("permute")
+    """The contiguous copy of a strided view past _plain_view's checks, traced or eager."""
     if _tracing(x):
-        return _compiled(x, dims, None, backend)
-    if x.requires_grad and _grad_enabled():
-        return _recorded_copy(x, dims, backend)
-    key = _permute_key(x, dims)
-    route = _route(_permute.OP, key, backend)
-    if route is not None:
-        return route if route is PASS else _prepared(route, x)
-    return _counted(_permute.OP, _permute.prepare_keyed, backend, key, key, x, dims)
+        return _compiled(x, _identity(x.dim()), None, router.backends.get("permute"))
+    return _copy_eager(router, x)
 
 
 def _already_contiguous(x: Any) -> bool:
