@@ -252,6 +252,8 @@ def test_model_and_autograd_split_the_strided_backward_alike(monkeypatch, shape,
     ((1000, 33, 777), 1, torch.float16, (64, 4), (32, 4)),  # rows off the grid: half as many
     ((30, 200, 3000), 1, torch.float16, (32, 4), (32, 8)),  # 256 rows: at least 32 columns
     ((101, 323), 0, torch.float32, (8, 2), (8, 2)),  # few programs: blocks halved, 2 warps
+    ((64, 12, 197, 197), 1, torch.float16, (64, 2), (128, 4)),  # 16 rows or fewer: the
+    ((2000, 7, 333), 1, torch.float32, (64, 2), (256, 4)),  # forward at most 64 columns
     ((64, 512, 512), 1, torch.float16, (32, 16), (16, 16)),  # past SHORT_DIM_MAX: as before
 ])
 def test_short_dims_take_a_quarter_tile_and_few_warps(monkeypatch, shape, dim, dtype, forward,

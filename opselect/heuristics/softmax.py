@@ -156,18 +156,23 @@ SHORT_DIM_MAX = 256
 #: least SHORT_DIM_COLUMNS columns.
 SHORT_DIM_TILE_DIVISOR = 4
 SHORT_DIM_COLUMNS = 32
+#: The forward's short-dim tile is at most this many columns: the quarter tile gives dims of 16
+#: or fewer rows 128-512 columns a program, which ran 3-17% slower than 64 (H200, fits/softmax.md
+#: "Short dims: the forward at most 64 columns": 64 x 12 x 197 x 197 fp16 over the heads 56.5
+#: -> 47.1 us). Not the backward's: 2000 x 7 x 333 fp32 ran its 64 columns 8% slower than 256.
+SHORT_FWD_COLUMNS_MAX = 64
 
 
 def strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
                  block_i: int | None = None, tile: int = 16384,
-                 short: bool = True) -> tuple[int, int, bool]:
+                 short: bool = True, short_most: int = 0) -> tuple[int, int, bool]:
     """(inner_block, dim_block, single) for a [dim x inner] reduction along axis 0: inner_block
     inner columns per program, and the whole dim in registers (single) when dim_block x
     inner_block fits in `tile` (the forward's 16384 elements; the backward's BWD_STRIDED_TILE,
     as it holds y and dy). The kernels' plans (common._strided_plan) are this function.
 
     A short dim (`short`, padded to at most SHORT_DIM_MAX) takes a quarter of the tile, at least
-    SHORT_DIM_COLUMNS columns: with the dim across few warps the reduction along it stays mostly
+    SHORT_DIM_COLUMNS columns and at most `short_most` (0: no bound): with the dim across few warps the reduction along it stays mostly
     within threads (H200, fits/softmax.md "Short dims": 1000 x 33 x 768 fp16 221 -> 52 us)."""
     pn = _pow2(n)
     # Row segments of 128 bytes (a cache line) by default, at most 2 KB; down to 32 bytes (a
@@ -178,6 +183,8 @@ def strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
         if short and pn <= SHORT_DIM_MAX:
             block_i = min(_pow2(inner), max(SHORT_DIM_COLUMNS,
                                             tile // SHORT_DIM_TILE_DIVISOR // pn))
+            if short_most:
+                block_i = min(block_i, short_most)
         else:
             block_i = min(_pow2(inner), 2048 // itemsize, max(wide_i, tile // pn))
             if pn * block_i > tile and tile // pn >= min_i:

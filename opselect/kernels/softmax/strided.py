@@ -307,7 +307,8 @@ class StridedBackend(ForwardBackend):
         tile = TILE_MAX // 2 if call.f64 else TILE_MAX
         _, outer, n, inner, _, _ = strided_view(call)
         bi, _, single = _strided_plan(n, inner, outer, call.in_bytes, sms, None, tile,
-                                      short=call.columns is None)
+                                      short=call.columns is None,
+                                      short_most=cost.SHORT_FWD_COLUMNS_MAX)
         few = outer * cdiv(inner, bi) < sms
         halve = call.columns is not None and bi > 1 and (not single or few)
         return tile, bi, (bi // 2 if halve else bi)
