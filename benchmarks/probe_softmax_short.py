@@ -4,7 +4,7 @@ forward and backward, against torch. Device time only (do_bench, L2 flushed), th
 turns over --rounds rounds (3; median and spread).
 
     python benchmarks/probe_softmax_short.py [--json out.json] [--rounds 3] [--smoke]
-        [--sweep]
+        [--sweep | --bound]
 
 Default: "before" is the general rule (SHORT_DIM_MAX set to 0 while the calls are prepared: a
 tile of up to 16384 elements, about 16 elements a thread), "after" the short-dim rule (a quarter
@@ -14,6 +14,10 @@ through its prepared call, the backward autograd's prepared backward; with the c
 --sweep times the single-pass layout at forced column blocks and warp counts instead (forward:
 16-256 columns, 2-16 warps; backward: 32-256 columns, 1-8 warps): the data of the rule
 (fits/softmax.md, "Short dims").
+
+--bound times the forward's bound on columns (cost.SHORT_FWD_COLUMNS_MAX): strided's first
+config without it ("unbounded", the bound set to 0 while the call is prepared) and with it
+(fits/softmax.md, "Short dims: the forward at most 64 columns"); the forward only.
 """
 
 from __future__ import annotations
@@ -88,6 +92,20 @@ def ab_groups(op, call, y, g) -> dict:
                     "after": lambda: bwd_after(y, g)}}
 
 
+def bound_groups(op, call) -> dict:
+    """The forward with and without the bound on a short dim's columns, torch first."""
+    keep = cost.SHORT_FWD_COLUMNS_MAX
+    cost.SHORT_FWD_COLUMNS_MAX = 0
+    try:
+        before, unbounded = _forward(op, call)
+    finally:
+        cost.SHORT_FWD_COLUMNS_MAX = keep
+    after, bounded = _forward(op, call)
+    return {"fwd": {"torch": lambda: op.backend("torch").run(call, {}),
+                    f"unbounded {before.get('inner_block')}": unbounded,
+                    f"bounded {after.get('inner_block')}": bounded}}
+
+
 def sweep_groups(op, call, y, g, smoke: bool) -> dict:
     """The single-pass layout at forced column blocks and warps, forward and backward."""
     _, outer, n, inner, so, sn = strided.strided_view(call)
@@ -135,7 +153,8 @@ def time_group(args, device, name: str, fns: dict, extra: dict, results: dict) -
     spread = {k: round(max(v) - min(v), 1) for k, v in samples.items()}
     results[name] = {"us": us, "spread": spread, **extra}
     best = sorted(us.items(), key=lambda kv: kv[1])[:4]
-    print(f"{name}: {' '.join(f'{k}={v}' for k, v in us.items() if k in ('torch', 'before', 'after', 'library'))}"
+    shown = ("torch", "before", "after", "library")
+    print(f"{name}: {' '.join(f'{k}={v}' for k, v in us.items() if k.startswith(shown))}"
           f" | best {best}", flush=True)
 
 
@@ -145,6 +164,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="two tiny calls, any device")
     ap.add_argument("--sweep", action="store_true", help="forced layouts (see above)")
+    ap.add_argument("--bound", action="store_true", help="the forward's bound on columns")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results: dict = {}
@@ -154,8 +174,9 @@ def main() -> None:
         y = op.backend("torch").run(call, {})
         g = torch.randn_like(y)
         groups = (sweep_groups(op, call, y, g, args.smoke) if args.sweep
-                  else ab_groups(op, call, y, g))
-        extra = {} if args.sweep else {"cold_pick_after": op.decide(call, tune=False).choice}
+                  else bound_groups(op, call) if args.bound else ab_groups(op, call, y, g))
+        extra = {} if args.sweep or args.bound else {
+            "cold_pick_after": op.decide(call, tune=False).choice}
         for tag, fns in groups.items():
             time_group(args, device, f"{_name(shape, dim, dtype, log)} {tag}", fns, extra,
                        results)
