@@ -15,6 +15,8 @@ routed, answered by the wrapper) and contiguous() of a contiguous tensor.
                                                                # holding an opselect package)
                                                                # against this one, processes
                                                                # in turns, --processes each
+    python benchmarks/host_routed_in_model.py --variants 'auto:;torch:permute=torch'
+                                                               # routed variants in turns
     python benchmarks/host_routed_in_model.py --smoke          # a few rounds (CI)
 
 Needs transformers (the `hf` extra). Host time only: on a GPU the model runs on the device,
@@ -36,7 +38,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def measure(rounds: int, backends: dict | None = None) -> dict:
+def measure(rounds: int, backends: dict | None = None,
+            variants: dict[str, dict] | None = None) -> dict:
+    """`variants` (name -> forced backends) are timed routed in turns with the unrouted calls,
+    each against those; without it, the one routed variant of `backends`."""
     import torch
     import torch.nn.functional as F
 
@@ -59,11 +64,16 @@ def measure(rounds: int, backends: dict | None = None) -> dict:
         "kv.reshape(2, 4, 16, 16) (expanded)": lambda: kv.reshape(2, 4, 16, 16),
         "scores.contiguous() (contiguous)": lambda: scores.contiguous(),
     }
+    if variants is None:
+        variants = {"on": backends or {}}
     clock = time.perf_counter_ns
     times: dict[tuple, list[int]] = {}
+    names = [None, *variants]  # None: routing off
     for r in range(rounds):
-        for routed in ((False, True) if r % 2 else (True, False)):
-            with opselect.enabled(backends=backends) if routed else nullcontext():
+        shift = r % len(names)
+        for variant in names[shift:] + names[:shift]:
+            with (opselect.enabled(backends=variants[variant]) if variant is not None
+                  else nullcontext()):
                 for name, call in cases.items():
                     step()
                     start = clock()
@@ -72,21 +82,28 @@ def measure(rounds: int, backends: dict | None = None) -> dict:
                     start = clock()
                     call()
                     warm = clock() - start
-                    times.setdefault((name, routed, "cold"), []).append(cold)
-                    times.setdefault((name, routed, "warm"), []).append(warm)
-    with opselect.enabled(backends=backends):
-        opselect.reset_stats()
-        for call in cases.values():
-            call()
-        chosen = {op: sorted(v["backends"]) for op, v in opselect.stats().items()}
+                    times.setdefault((name, variant, "cold"), []).append(cold)
+                    times.setdefault((name, variant, "warm"), []).append(warm)
+    chosen = {}
+    for variant, forced in variants.items():
+        with opselect.enabled(backends=forced):
+            opselect.reset_stats()
+            for call in cases.values():
+                call()
+            chosen[variant] = {op: sorted(v["backends"]) for op, v in opselect.stats().items()}
     result = {"opselect": str(Path(opselect.__file__).parent), "device": str(device),
-              "rounds": rounds, "backends": backends or {}, "chosen": chosen, "us": {}}
+              "rounds": rounds, "variants": variants, "chosen": chosen, "us": {}}
     for name in cases:
         row = {}
         for when in ("cold", "warm"):
-            off = statistics.median(times[(name, False, when)]) / 1e3
-            on = statistics.median(times[(name, True, when)]) / 1e3
-            row[when] = {"off": round(off, 2), "on": round(on, 2), "extra": round(on - off, 2)}
+            off = statistics.median(times[(name, None, when)]) / 1e3
+            row[when] = {"off": round(off, 2)}
+            for variant in variants:
+                on = statistics.median(times[(name, variant, when)]) / 1e3
+                row[when][variant] = round(on, 2)
+                row[when][f"{variant} extra"] = round(on - off, 2)
+            if list(variants) == ["on"]:  # the --trees summary reads "extra"
+                row[when]["extra"] = row[when]["on extra"]
         result["us"][name] = row
     return result
 
@@ -121,6 +138,9 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=3, help="with --trees: processes per tree")
     p.add_argument("--backends", default="",
                    help="op=backend,... forced while routed (default: the dispatcher's choice)")
+    p.add_argument("--variants", default="",
+                   help="name:op=backend,...;name:... routed variants timed in turns in one "
+                        "process (an empty list after the colon: the dispatcher's choice)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line only")
     args = p.parse_args()
@@ -133,18 +153,25 @@ def main() -> None:
                 print(f"  {name:40s} {row['cold']['extra']:7.2f} {row['cold']['extra_runs']}"
                       f"  / {row['warm']['extra']:6.2f}")
     else:
-        result = measure(rounds, dict(kv.split("=") for kv in args.backends.split(",") if kv))
+        variants = None
+        if args.variants:
+            variants = {}
+            for part in args.variants.split(";"):
+                name, _, forced = part.partition(":")
+                variants[name] = dict(kv.split("=") for kv in forced.split(",") if kv)
+        result = measure(rounds, dict(kv.split("=") for kv in args.backends.split(",") if kv),
+                         variants)
         if args.json:
             print(json.dumps(result))
             return  # (a process of --trees: its caller saves)
-        print(f"opselect at {result['opselect']}, {result['device']}, {rounds} rounds, backends "
-              f"{result['chosen']}; host us")
-        print(f"  {'call':40s} {'cold off':>9} {'on':>7} {'extra':>7} | {'warm off':>9} {'on':>7}"
-              f" {'extra':>7}")
-        for name, row in result["us"].items():
-            c, w = row["cold"], row["warm"]
-            print(f"  {name:40s} {c['off']:9.2f} {c['on']:7.2f} {c['extra']:7.2f} | "
-                  f"{w['off']:9.2f} {w['on']:7.2f} {w['extra']:7.2f}")
+        print(f"opselect at {result['opselect']}, {result['device']}, {rounds} rounds; chosen "
+              f"{result['chosen']}; host us, median, routing off and each variant")
+        names = list(result["variants"])
+        for when in ("cold", "warm"):
+            print(f"  {when:40s} {'off':>8}" + "".join(f" {n[:12]:>12}" for n in names))
+            for name, row in result["us"].items():
+                r = row[when]
+                print(f"  {name:40s} {r['off']:8.2f}" + "".join(f" {r[n]:12.2f}" for n in names))
     if not args.smoke and os.environ.get("OUT"):
         Path(os.environ["OUT"], "host_routed_in_model.json").write_text(json.dumps(result,
                                                                                   indent=1))
