@@ -254,3 +254,48 @@ def test_a_host_only_win_over_torch_must_be_clear():
     device_win = measured("splitk", 33e-6, 43e-6)
     torch_close = measured("torch", 48e-6, 45e-6)
     assert choose([torch_close, device_win], Candidate.time, MEASURED_TORCH_MARGIN) is device_win
+
+
+def test_a_modelled_host_win_over_a_launch_bound_torch_must_be_clear():
+    """Where torch's modelled eager time is its host time, a Triton candidate ahead by the
+    model's host terms alone (fitted back to back; in a program a Triton call's host time grows
+    more than torch's) is chosen only past HOST_WIN_MARGIN, and only in the eager regime; a
+    device-bound torch keeps the usual margin."""
+    from opselect.dispatch.choices import HOST_WIN_MARGIN, TORCH_MARGIN, choose
+    from opselect.dispatch.decision import GRAPH, Candidate
+
+    def modelled(name, host, device):
+        return Candidate(name, None, predicted_s=max(host, device),
+                         parts={"launch": host, "memory": device})
+
+    # The tiny transposed copy of the H200's model: 13.5 us against torch's 14.7, both launch-bound.
+    torch_ = modelled("torch", 14.7e-6, 0.007e-6)
+    tiled = modelled("tiled", 13.5e-6, 0.004e-6)
+    assert tiled.predicted_s < TORCH_MARGIN * torch_.predicted_s  # the old rule took tiled
+    assert choose([torch_, tiled], Candidate.time) is torch_
+    assert choose([torch_, tiled], lambda c: c.predicted_s) is torch_
+    # Under a CUDA graph only device time counts: the rule is the eager regime's.
+    assert choose([torch_, tiled], lambda c: c.time(GRAPH), eager=False) is tiled
+    # A clear host win (torch's several launches against one) is taken.
+    many_launches = modelled("torch", 40e-6, 3e-6)
+    assert tiled.predicted_s < HOST_WIN_MARGIN * many_launches.predicted_s
+    assert choose([many_launches, tiled], Candidate.time) is tiled
+    # torch device-bound: a device win under the usual margin is taken.
+    big_torch = modelled("torch", 14.7e-6, 16e-6)
+    vectorized = modelled("vectorized", 13.5e-6, 7.2e-6)
+    assert choose([big_torch, vectorized], Candidate.time) is vectorized
+    # A measured torch: the measured rules decide, not this one.
+    measured_torch = Candidate("torch", None, measured_s=14.7e-6, measured_host_s=14.7e-6,
+                               measured_device_s=0.01e-6)
+    assert choose([measured_torch, tiled], Candidate.time) is tiled
+
+
+def test_the_h200_model_leaves_a_tiny_transposed_copy_to_torch():
+    """The call a transformer layer makes (the heads' merge of a small batch): on the H200's
+    model the Triton backends win it by host terms alone, which a program does not see (see
+    HOST_WIN_MARGIN); torch is the eager choice."""
+    from opselect.heuristics.device_model import what_if
+    from opselect.kernels.permute import OP
+
+    decision = what_if(OP, [[2, 4, 16, 8]], torch.float32, {"dims": [0, 2, 1, 3]}, "H200")
+    assert decision.choice == "torch"

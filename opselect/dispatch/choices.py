@@ -24,12 +24,20 @@ MEASURED_TORCH_MARGIN = 0.97
 #: 1` 13-25 us), device times by a few. A 512 x 4096 x 4096 product whose Triton kernel ran
 #: 40 us on the device against cuBLAS's 25 was tuned onto the kernel by an 18% host "win".
 HOST_WIN_MARGIN = 0.8
+#: The same bar for the cost model's eager choice where torch's modelled time is its host time
+#: (the call is launch-bound): the model's host terms are fitted to calls back to back, and in
+#: a program, between other work, a Triton call's host time grows more than torch's own op's.
+#: On the H200's host, in a Llama decode loop (benchmarks/host_routed_in_model.py,
+#: results/h200/host_routed_in_model_variants.json): a 4-d transposed copy modelled 13.5 us on
+#: Triton against torch's 14.7 took 47-78 us routed to tiled, naive or vectorized against 32-38
+#: routed to torch; a small softmax 25-29 against 19-22. Only a clear modelled host win counts.
 
 
 def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
-           margin: float = TORCH_MARGIN) -> Candidate:
+           margin: float = TORCH_MARGIN, *, eager: bool = True) -> Candidate:
     """The fastest of the supported candidates by time_of, unless torch (the first, when it can
-    take the call) is within `margin` of it. Equal times (host-bound calls of backends whose
+    take the call) is within `margin` of it, or (`eager`: time_of is an eager time) wins only
+    by a modelled host time less than clearly. Equal times (host-bound calls of backends whose
     host parts are the same) go to the shorter device time: the GPU is free sooner."""
     best = min(able, key=lambda c: (time_of(c), c.time(GRAPH)))
     safe = able[0] if able[0].name == "torch" else None
@@ -44,7 +52,21 @@ def choose(able: Sequence[Candidate], time_of: Callable[[Candidate], float],
             # Slower on the device, ahead only by the host's time: only a clear host win is
             # trusted (see HOST_WIN_MARGIN).
             best = safe
+        elif eager and _modelled_host_win(best, safe, time_of):
+            best = safe
     return best
+
+
+def _modelled_host_win(best: Candidate, safe: Candidate,
+                       time_of: Callable[[Candidate], float]) -> bool:
+    """`best` beats torch (`safe`) on the cost model's word alone, where torch's modelled time
+    is its host time, by less than HOST_WIN_MARGIN (see it)."""
+    if best.measured_s is not None or safe.measured_s is not None:
+        return False  # a measured time: the rules above
+    host, device = safe.predicted_host_s, safe.predicted_device_s
+    if host is None or device is None or device >= host:
+        return False  # torch is device-bound: the win is on the device
+    return time_of(best) > HOST_WIN_MARGIN * time_of(safe)
 
 
 class Call:

@@ -288,7 +288,7 @@ class Op(Measuring):
         best = choose(able, Candidate.time, margin)
         # Under a CUDA graph only device time counts: a backend that loses an eager call on its
         # host time may win it there (the graph replays its kernels, not its Python).
-        in_graph = choose(able, lambda c: c.time(GRAPH), margin)
+        in_graph = choose(able, lambda c: c.time(GRAPH), margin, eager=False)
         if tuned:
             source = "tuning"
         elif all_measured:
