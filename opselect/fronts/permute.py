@@ -361,6 +361,11 @@ _RESHAPE_TARGETS_MAX = 4096
 def _reshape_eager(router: _state.Router, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
     """_reshape_handler for an eager plain tensor that is not contiguous (the layout wrapper
     checked that much): a repeat_kv's expanded view, or the merge of attention heads."""
+    if _internal_overlap is not None and _internal_overlap(x) != 0:
+        # An expanded view (repeat_kv's, twice a layer in grouped-query attention) is never
+        # dense: one C call answers it, before the memo's key (its shape, strides and hash
+        # cost several times as much in a model's layer, where caches are cold).
+        return PASS
     shape = _shape_argument(args, kwargs)
     if shape is None:
         return PASS
