@@ -6,9 +6,10 @@ After each decode step of a tiny Llama (Hugging Face, random weights, eager atte
 of each case is timed, routing off and on in turns; reported per case: the median host time off,
 on, and the difference (cold), and the same for a second call right after (warm). The cases are
 the calls a transformer layer makes of the routed entry points: the attention's softmax (with a
-dtype), the sampling's top-k, the copy of a transposed view (the heads' merge, by contiguous()
-and by reshape()), repeat_kv's reshape of an expanded view (grouped-query attention: never
-routed, answered by the wrapper) and contiguous() of a contiguous tensor.
+dtype, as Llama's, and without, as GPT-2's), the sampling's top-k, the copy of a transposed
+view (the heads' merge, by contiguous() and by reshape()), repeat_kv's reshape of an expanded
+view (grouped-query attention: never routed, answered by the wrapper) and contiguous() of a
+contiguous tensor.
 
     python benchmarks/host_routed_in_model.py                  # this tree (JSON into $OUT)
     python benchmarks/host_routed_in_model.py --trees old,.    # another tree (a directory
@@ -59,6 +60,7 @@ def measure(rounds: int, backends: dict | None = None,
         "topk(scores, 50)": lambda: torch.topk(scores, 50),
         "F.softmax(scores, -1, dtype=float32)": lambda: F.softmax(scores, dim=-1,
                                                                   dtype=torch.float32),
+        "F.softmax(scores, -1)": lambda: F.softmax(scores, dim=-1),
         "heads.contiguous() (transposed)": lambda: heads.contiguous(),
         "heads.reshape(2, 16, -1) (copies)": lambda: heads.reshape(2, 16, -1),
         "kv.reshape(2, 4, 16, 16) (expanded)": lambda: kv.reshape(2, 4, 16, 16),

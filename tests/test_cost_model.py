@@ -216,3 +216,61 @@ def test_matmul_roofline_bounds():
                 assert cand.predicted_s < 3 * floor_memory, (cand.name, cand.parts)
             elif bound == "compute":
                 assert cand.predicted_s < 3 * floor_compute, (cand.name, cand.parts)
+
+
+def test_calls_enable_leaves_to_torch_are_the_models_torch_calls():
+    """enable() answers small eager softmax rows and small copies of views with torch's op before
+    any key (fronts: heuristics.softmax.TORCH_ROWS_*, heuristics.permute.TORCH_COPY_*). That is
+    only a shortcut of the model: on random calls inside those bounds, every GPU the model knows
+    must choose torch for the eager regime. A bound raised past the model's own choices fails."""
+    import random
+
+    from opselect.heuristics import permute as permute_cost
+    from opselect.heuristics import softmax as softmax_cost
+    from opselect.heuristics.device_model import KNOWN_GPUS, known_gpu
+
+    rng = random.Random(7)
+    meta = torch.device("meta")
+    gpus = [known_gpu(tag) for tag in KNOWN_GPUS]
+    softmax, permute = get_op("softmax"), get_op("permute")
+
+    def sizes(most: int, dims: int, last_most: int | None = None) -> list[int]:
+        total = rng.randint(1, most)
+        out = []
+        for i in range(dims - 1):
+            s = max(1, int(round(total ** (1 / (dims - i)) * rng.uniform(0.3, 3))))
+            out.append(s)
+            total = max(1, total // s)
+        out.append(max(1, total if last_most is None else min(total, last_most)))
+        rng.shuffle(out[:-1])
+        return out
+
+    rows_numel, rows_length = softmax_cost.TORCH_ROWS_NUMEL, softmax_cost.TORCH_ROWS_LENGTH
+    checked = 0
+    for _ in range(150):
+        shape = sizes(rows_numel, rng.randint(1, 5), rows_length)
+        dtype = rng.choice([torch.float16, torch.bfloat16, torch.float32, torch.float64])
+        x = torch.empty(shape, dtype=dtype, device=meta)
+        assert x.numel() <= rows_numel and x.shape[-1] <= rows_length
+        call = softmax.prepare(x, x.dim() - 1)
+        for info in gpus:
+            assert softmax.what_if(call, info).choice == "torch", (shape, dtype, info.name)
+            checked += 1
+    copy_numel, copy_dims = permute_cost.TORCH_COPY_NUMEL, permute_cost.TORCH_COPY_DIMS
+    dtypes = [torch.uint8, torch.bool, torch.int16, torch.float16, torch.bfloat16, torch.float32,
+              torch.int64, torch.float64, torch.complex64, torch.complex128]
+    for _ in range(150):
+        dims = rng.randint(2, copy_dims)
+        base = torch.empty(sizes(copy_numel, dims), dtype=rng.choice(dtypes), device=meta)
+        order = list(range(dims))
+        while order == sorted(order):
+            rng.shuffle(order)
+        view = base.permute(order)
+        if rng.random() < 0.3 and view.shape[0] > 1:
+            view = view[::2]  # a sliced view too
+        call = permute.prepare(view, tuple(range(dims)))
+        for info in gpus:
+            assert permute.what_if(call, info).choice == "torch", (
+                list(view.shape), view.stride(), view.dtype, info.name)
+            checked += 1
+    assert checked == 2 * 150 * len(gpus)

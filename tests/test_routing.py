@@ -487,6 +487,45 @@ def test_gpu_compiled_inductor_under_enable(cuda, forced):
             assert set(stats[op]["traced"]) == {"aten"}, (op, stats)
 
 
+@pytest.mark.gpu
+def test_gpu_small_calls_reach_torch_before_any_key(cuda):
+    """Under enable(), small softmax rows and small copies of views on the GPU are answered by
+    torch's op with no key and no route (the model's eager choice for such calls on every GPU it
+    knows: test_cost_model checks the bounds), counted as torch; a dtype, a forced backend,
+    tuning and larger calls still reach the dispatcher."""
+    from opselect.kernels.permute import OP as PERMUTE_OP
+    from opselect.kernels.softmax import SOFTMAX_OP
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = torch.randn(8, 12, 16, 64, device="cuda", generator=gen)  # 98,304 elements
+    heads = torch.randn(2, 4, 16, 8, device="cuda", generator=gen).transpose(1, 2)
+    want = (torch.softmax(rows, -1), heads.contiguous(), heads.reshape(2, 16, -1))
+    opselect.forget()
+    opselect.reset_stats()
+    with opselect.enabled():
+        got = (F.softmax(rows, dim=-1), heads.contiguous(), heads.reshape(2, 16, -1))
+        assert not SOFTMAX_OP.routes and not PERMUTE_OP.routes
+        assert opselect.stats()["softmax"]["backends"] == {"torch": 1}
+        assert opselect.stats()["permute"]["backends"] == {"torch": 2}
+        F.softmax(rows, dim=-1, dtype=torch.float32)  # a dtype: keyed
+        assert len(SOFTMAX_OP.routes) == 1
+        F.softmax(torch.randn(64, 8192, device="cuda"), dim=-1)  # rows past the bound: keyed
+        assert len(SOFTMAX_OP.routes) == 2
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    opselect.reset_stats()
+    with opselect.enabled(backends={"softmax": "fused", "permute": "tiled"}):
+        got = (F.softmax(rows, dim=-1), heads.contiguous())
+    assert opselect.stats()["softmax"]["backends"] == {"fused": 1}
+    assert opselect.stats()["permute"]["backends"] == {"tiled": 1}
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[1], want[1])
+    opselect.forget()
+    with opselect.tuning(), opselect.enabled():
+        heads.contiguous()
+    assert PERMUTE_OP.routes or PERMUTE_OP._memo  # decided by the dispatcher, not passed by
+
+
 def test_eager_density_check_agrees_with_the_walk():
     """The layout entries' eager path asks torch whether a view is dense (one C call); the walk
     over sorted strides is what traced calls use. Both must say the same of every non-empty view,

@@ -16,12 +16,14 @@ from .. import transforms as _transforms
 from .. import usage as _usage
 from ..dispatch.op import ROUTES_MAX
 from ..dispatch.tuning_mode import state as _tuning_state
+from ..heuristics import permute as _cost
 from ..kernels import permute as _permute
 from ..kernels.permute.call import plain_key as _permute_key
 from ..kernels.permute.call import strided_key as _strided_key
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _symbolic, _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
+from ..usage import _ran
 from ._base import (PASS, _PLAIN, _STRIDED, _TENSOR, _UNSEEN, _arg, _counted, _functorch_active,
                     _prepared, _route, _takes, _tracing, in_regime)
 
@@ -238,6 +240,7 @@ def _dense_permuted(x: torch.Tensor) -> bool:
 #: kept with the strides): 0 (MemOverlap::No) is given for those tensors alone. One C call
 #: against the walk's ~0.9 us; not for traced tensors (Dynamo would have to trace it).
 _internal_overlap = getattr(torch, "_debug_has_internal_overlap", None)
+_COPY_NUMEL, _COPY_DIMS = _cost.TORCH_COPY_NUMEL, _cost.TORCH_COPY_DIMS
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -303,8 +306,10 @@ def _copy_eager(router: _state.Router, x: torch.Tensor) -> Any:
     layout decided before: its route answers, before the density check (the key holds the
     whole layout, and a route is made only for a call that passed it, or for ops.permute's own
     copy of that layout, which is as right)."""
-    dims = _identity(x.dim())
+    if _small_copy(router, x):
+        return PASS
     backend = router.backends.get("permute")
+    dims = _identity(x.dim())
     if x.requires_grad and _grad_enabled():
         return _recorded_copy(x, dims, backend) if _dense_eager(x) else PASS
     key = _strided_key(x, dims)
@@ -314,6 +319,18 @@ def _copy_eager(router: _state.Router, x: torch.Tensor) -> Any:
     if key is None or not _dense_eager(x):
         return PASS
     return _counted(_permute.OP, _permute.prepare_keyed, backend, key, key, x, dims)
+
+
+def _small_copy(router: _state.Router, x: torch.Tensor) -> bool:
+    """A copy the cost model leaves to torch on every GPU it knows (see
+    heuristics.permute.TORCH_COPY_NUMEL), counted as torch's: the caller passes it to torch's
+    own with no key (in a model's layer the key and the lookup were most of a routed copy's
+    host time)."""
+    if (x.is_cuda and x.numel() <= _COPY_NUMEL and x.dim() <= _COPY_DIMS
+            and "permute" not in router.backends and not _tuning_state.active):
+        _ran["permute"]["torch"] += 1
+        return True
+    return False
 
 
 def _recorded_copy(x: torch.Tensor, dims: tuple, backend: Optional[str]) -> torch.Tensor:

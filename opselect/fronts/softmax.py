@@ -16,12 +16,14 @@ from .. import routing_state as _state
 from .. import transforms as _transforms
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..errors import TorchOnlyCall
+from ..heuristics import softmax as _cost
 from ..kernels import softmax as _softmax
 from ..kernels.softmax.call import plain_key as _softmax_key
 from ..kernels.softmax.call import prepare_keyed as _prepare_softmax
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
+from ..usage import _ran
 from ._base import (PASS, _FLOATS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active,
                     _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
 
@@ -308,6 +310,7 @@ _softmax.SOFTMAX_OP.public, _softmax.LOG_SOFTMAX_OP.public = softmax, log_softma
 # opselect.enable(): the handler of the torch entry points this op takes over
 # ---------------------------------------------------------------------------------------------
 _SOFTMAX_KW = frozenset(("input", "dim", "dtype", "_stacklevel"))
+_ROWS_NUMEL, _ROWS_LENGTH = _cost.TORCH_ROWS_NUMEL, _cost.TORCH_ROWS_LENGTH
 
 
 def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tuple, dict], Any]:
@@ -334,9 +337,19 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
             dtype = args[dtype_at] if n > dtype_at else None
         if type(x) is _TENSOR and type(dim) is int and x.layout is _STRIDED and \
                 not _compiling():
+            forced = router.backends.get(name)
+            if (dtype is None and forced is None and x.is_cuda and x.numel() <= _ROWS_NUMEL
+                    and (dim == -1 or dim == x.dim() - 1) and x.dim() > 0
+                    and x.shape[-1] <= _ROWS_LENGTH and x.is_contiguous()
+                    and not _tuning_state.active):
+                # Rows the cost model leaves to torch on every GPU it knows (see
+                # heuristics.softmax.TORCH_ROWS_NUMEL): torch's op at once, with no key (in a
+                # model's layer the key and the lookup were most of a routed call's cost).
+                _ran[name]["torch"] += 1
+                return torch_op(x, dim, None)
             # An eager plain call decided before: its route, before the checks below (the
             # route's key holds what they read, and a route is made only past them).
-            route = _route(op, _softmax_key(log, x, dim, dtype), router.backends.get(name))
+            route = _route(op, _softmax_key(log, x, dim, dtype), forced)
             if route is not None:
                 return torch_op(x, dim, dtype) if route is PASS else _prepared(route, x)
         if (not _takes(x) or type(dim) is not int or x.layout != torch.strided

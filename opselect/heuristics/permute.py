@@ -115,6 +115,17 @@ def _programs(n: float, model) -> float:
 TORCH_DIM_HOST = 2e-6
 
 
+#: enable()'s eager copies of a view (contiguous(), reshape()) that torch's copy answers before
+#: any key is made (fronts/permute.py): at most TORCH_COPY_DIMS dims (torch's host time grows
+#: with them: past 4 a Triton call wins its host time on the A100's figures) and at most
+#: TORCH_COPY_NUMEL elements, no forced backend, tuning off. Below these the model's eager
+#: choice is torch on every GPU it knows: over random such views the least with another choice
+#: had 303,744 elements (A100, complex128), 836,000 on the H200; tests/test_cost_model.py
+#: checks the bound on random views.
+TORCH_COPY_DIMS = 4
+TORCH_COPY_NUMEL = 1 << 17
+
+
 def _host(model, triton: bool, call=None) -> float:
     """Host seconds of one call: a bound Triton launch plus the output's allocation and the
     Python around them, or torch's permute view plus its copy (the model takes the longer of

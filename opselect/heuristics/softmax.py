@@ -31,6 +31,17 @@ import math
 from .device_model import ALLOCATION, BOUND_LAUNCH
 from .softmax_shared import AUTOGRAD_ENGINE_HOST, L2_USABLE, busy, input_copy, op_name, torch_launch
 
+#: enable()'s eager softmax calls that torch's op answers before any key is made
+#: (fronts/softmax.py): contiguous rows over the last dim of at most TORCH_ROWS_LENGTH elements,
+#: no dtype, at most TORCH_ROWS_NUMEL elements in all, no forced backend, tuning off. Below
+#: these the model's eager choice is torch on every GPU it knows (a launch-bound torch against
+#: a Triton call's longer host time): over random such calls, the least with another choice
+#: had 963,900 elements (A100, float64 rows), 2.5M on the H200; tests/test_cost_model.py
+#: checks the bound on random calls. What it saves is the key and the route lookup, most of a
+#: routed call's host time in a model's layer (docs/MODELS.md).
+TORCH_ROWS_LENGTH = 1024
+TORCH_ROWS_NUMEL = 1 << 18
+
 #: Latency of one fused tile (load, two block reductions, store) others cannot overlap, and of a
 #: multirow tile (its reductions stay inside a warp or two).
 FUSED_TILE_S = 0.6e-6
