@@ -6,7 +6,7 @@ After each decode step of a tiny Llama (Hugging Face, random weights, eager atte
 of each case is timed, routing off and on in turns; reported per case: the median host time off,
 on, and the difference (cold), and the same for a second call right after (warm). The cases are
 the calls a transformer layer makes of the routed entry points: the attention's softmax (with a
-dtype, as Llama's, and without, as GPT-2's), the sampling's top-k, the copy of a transposed
+dtype, as Llama's of bfloat16 scores, and without, as GPT-2's), the sampling's top-k, the copy of a transposed
 view (the heads' merge, by contiguous() and by reshape()), repeat_kv's reshape of an expanded
 view (grouped-query attention: never routed, answered by the wrapper) and contiguous() of a
 contiguous tensor.
@@ -54,6 +54,8 @@ def measure(rounds: int, backends: dict | None = None,
     model = bench_model.build("llama3-8b", None, True, device, torch.float32)
     step = bench_model.workload(model, "decode-topk", 8, 16, device)
     scores = torch.randn(8, 256, device=device)
+    # Llama's attention: bfloat16 scores, a float32 softmax (torch casts, then a softmax)
+    half_scores = torch.randn(1, 4, 16, 16, device=device, dtype=torch.bfloat16)
     heads = torch.randn(2, 4, 16, 8, device=device).transpose(1, 2)
     kv = torch.randn(2, 2, 16, 16, device=device)[:, :, None].expand(2, 2, 2, 16, 16)
     cases = {
@@ -61,6 +63,8 @@ def measure(rounds: int, backends: dict | None = None,
         "F.softmax(scores, -1, dtype=float32)": lambda: F.softmax(scores, dim=-1,
                                                                   dtype=torch.float32),
         "F.softmax(scores, -1)": lambda: F.softmax(scores, dim=-1),
+        "F.softmax(half_scores, -1, dtype=float32)": lambda: F.softmax(half_scores, dim=-1,
+                                                                       dtype=torch.float32),
         "heads.contiguous() (transposed)": lambda: heads.contiguous(),
         "heads.reshape(2, 16, -1) (copies)": lambda: heads.reshape(2, 16, -1),
         "kv.reshape(2, 4, 16, 16) (expanded)": lambda: kv.reshape(2, 4, 16, 16),
