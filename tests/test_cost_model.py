@@ -219,9 +219,9 @@ def test_matmul_roofline_bounds():
 
 
 def test_calls_enable_leaves_to_torch_are_the_models_torch_calls():
-    """enable() answers small eager softmax rows and small copies of views with torch's op before
-    any key (fronts: heuristics.softmax.TORCH_ROWS_*, heuristics.permute.TORCH_COPY_*). That is
-    only a shortcut of the model: on random calls inside those bounds, every GPU the model knows
+    """enable() answers small eager (log_)softmax rows and small copies of views with torch's op
+    before any key (fronts: heuristics.softmax.TORCH_ROWS_*, heuristics.permute.TORCH_COPY_*).
+    That is only a shortcut of the model: on random calls inside those bounds, every GPU the model knows
     must choose torch for the eager regime. A bound raised past the model's own choices fails."""
     import random
 
@@ -232,7 +232,7 @@ def test_calls_enable_leaves_to_torch_are_the_models_torch_calls():
     rng = random.Random(7)
     meta = torch.device("meta")
     gpus = [known_gpu(tag) for tag in KNOWN_GPUS]
-    softmax, permute = get_op("softmax"), get_op("permute")
+    softmaxes, permute = (get_op("softmax"), get_op("log_softmax")), get_op("permute")
 
     def sizes(most: int, dims: int, last_most: int | None = None) -> list[int]:
         total = rng.randint(1, most)
@@ -252,10 +252,12 @@ def test_calls_enable_leaves_to_torch_are_the_models_torch_calls():
         dtype = rng.choice([torch.float16, torch.bfloat16, torch.float32, torch.float64])
         x = torch.empty(shape, dtype=dtype, device=meta)
         assert x.numel() <= rows_numel and x.shape[-1] <= rows_length
-        call = softmax.prepare(x, x.dim() - 1)
-        for info in gpus:
-            assert softmax.what_if(call, info).choice == "torch", (shape, dtype, info.name)
-            checked += 1
+        for softmax in softmaxes:
+            call = softmax.prepare(x, x.dim() - 1)
+            for info in gpus:
+                assert softmax.what_if(call, info).choice == "torch", (
+                    softmax.name, shape, dtype, info.name)
+                checked += 1
     copy_numel, copy_dims = permute_cost.TORCH_COPY_NUMEL, permute_cost.TORCH_COPY_DIMS
     dtypes = [torch.uint8, torch.bool, torch.int16, torch.float16, torch.bfloat16, torch.float32,
               torch.int64, torch.float64, torch.complex64, torch.complex128]
@@ -273,4 +275,4 @@ def test_calls_enable_leaves_to_torch_are_the_models_torch_calls():
             assert permute.what_if(call, info).choice == "torch", (
                 list(view.shape), view.stride(), view.dtype, info.name)
             checked += 1
-    assert checked == 2 * 150 * len(gpus)
+    assert checked == 3 * 150 * len(gpus)
