@@ -29,7 +29,8 @@ from opselect.kernels import softmax as sm
 from opselect.kernels import _common
 
 SOFTMAX_MODULES = [importlib.import_module(f"opselect.kernels.softmax.{name}") for name in
-                   ("call", "common", "autograd", "fused", "multirow", "online", "strided")]
+                   ("call", "common", "autograd", "fused", "multirow", "online", "lagged",
+                    "strided")]
 
 pytestmark = [
     # The interpreter runs kernels in numpy, which warns on -inf - -inf (NaN rows are expected).

@@ -397,9 +397,27 @@ COOP_WAIT_S = 1.75e-6
 COOP_WAIT_CHUNK = 16384
 
 
+#: The lagged kernel's rate, of a single-pass Triton kernel's (TRITON_EFF): each program reads
+#: two chunks (one of them again, from L2) and holds both (fits/softmax.md, "online: lagged").
+LAGGED_EFF = 0.88
+
+
 def online(call, model, *, split: int, cooperative: bool = False,
-           chunk: int = COOP_WAIT_CHUNK):
+           chunk: int = COOP_WAIT_CHUNK, lagged: int = 0):
+    """lagged: the lagged kernel's rows of programs past the last row (0: not lagged): one read
+    from memory, one from L2, one write; nothing waits; its words are the stream's, kept."""
     op = op_name(call)
+    if lagged:
+        host = _host(call, model, kernels=1, allocations=1)
+        if call.numel == 0:
+            return model.estimate(op, "online", triton=True, launch=host)
+        parts = _prepass(call, model)
+        programs = (call.outer + lagged) * split
+        vectors = _aligned(call) or vector_shift(call)
+        eff = TRITON_EFF * LAGGED_EFF * busy(model, programs) * (
+            1.0 if vectors else UNALIGNED_EFF)
+        parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
+        return _triton_estimate(call, model, "online", host, parts)
     if cooperative:
         # One read and one write; a row's programs wait for each other, a few us per wave of
         # rows. The partial sums and counters are the stream's, kept between calls.

@@ -16,7 +16,10 @@ dims after. Five forward algorithms:
             second pass normalises, reading the chunks in reverse so the ones read last (still in
             L2) come first. With few rows, each row is split over `split` programs: a stats kernel
             writes (max, sum) per chunk, a normalising kernel combines them and runs in reverse
-            program order.
+            program order. Rows of a few to 64 chunks run in one launch: cooperative (a row's
+            programs hold their chunks until the row's statistics are in) or, on many rows,
+            lagged (each program publishes one row's chunk statistics and writes the same
+            chunk of a row `lag` programs earlier, read again from L2: nothing waits).
   strided   inner > 1: softmax over a non-innermost dim with no transpose copy. A program owns
             inner_block contiguous inner columns and reduces a [dim_block x inner_block] tile
             along axis 0 (single load when the whole dim fits, else the online two-pass scheme
@@ -55,6 +58,7 @@ from .call import (_WIDENING, CALIBRATION, SoftmaxCall, _torch_softmax, prepare_
 from .common import _ROWS_FWD, _strided_plan
 from .fused import FusedBackend
 from .multirow import MultirowBackend
+from .lagged import _LAGGED_FWD
 from .online import _COOP_FWD, _ONLINE_FWD, _SPLIT_NORM, _SPLIT_STATS, OnlineBackend, coop_split
 from .strided import _STRIDED_FWD, _STRIDED_SPLIT, StridedBackend
 
@@ -66,7 +70,8 @@ __all__ = ["OP", "SOFTMAX_OP", "LOG_SOFTMAX_OP", "LAUNCHERS", "SoftmaxCall", "pr
 
 # Every launcher of the package by its kernel's name (tests launch each under a checked spec).
 LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
-    _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _STRIDED_FWD, _STRIDED_SPLIT,
+    _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _LAGGED_FWD, _STRIDED_FWD,
+    _STRIDED_SPLIT,
     _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD, _STRIDED_SPLIT_BWD)}
 
 

@@ -61,6 +61,19 @@ def _online_step(m, s, x):
 
 
 @triton.jit
+def _row_stats(x_row, N, block: tl.constexpr, f64: tl.constexpr):
+    """A row's (max, sum of exp(x - max)), each of shape [1], read from the row itself in blocks:
+    what a program that stopped waiting for the row's other chunks falls back on."""
+    cols = tl.arange(0, block)
+    m = _acc(tl.full([block], float("-inf"), tl.float32), f64)
+    s = _acc(tl.zeros([block], tl.float32), f64)
+    for start in range(0, N, block):
+        o = start + cols
+        m, s = _online_step(m, s, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")), f64))
+    return _merge(m, s, 0)
+
+
+@triton.jit
 def _merge(m, s, AXIS: tl.constexpr):
     """Combine per-lane (max, sum) pairs along AXIS into the row's (max, sum), dims kept."""
     big = tl.max(m, axis=AXIS, keep_dims=True)

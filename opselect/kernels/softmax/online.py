@@ -16,8 +16,10 @@ from .._common import allocator, cdiv, needs_int64, next_pow2, per_stream
 from .autograd import ForwardBackend
 from .call import SoftmaxCall
 from .common import (_acc, _align, _cast_for, _finish, _merge, _one_launch, _online_step,
-                     _read_dtype, _reader, _row_and_part, _rows_reason, _vector_window,
-                     plan_launcher, programs_per_sm)
+                     _read_dtype, _reader, _row_and_part, _row_stats, _rows_reason,
+                     _vector_window, plan_launcher, programs_per_sm)
+from .lagged import (LaggedPlan, lagged_configs, lagged_fwd, lagged_fwd_plan, lagged_rows,
+                     lagged_split)
 
 
 # online takes rows longer than this (shorter ones are the fused and multirow backends' job).
@@ -182,14 +184,7 @@ def _coop_fwd_kernel(x_ptr, y_ptr, part_ptr, count_ptr, n_q, sx_q, sy_q, split, 
                      cache_modifier=".cg")
         row_max, row_sum = _merge(pm, ps, 0)
     else:
-        cols = tl.arange(0, fallback_block)
-        m = _acc(tl.full([fallback_block], float("-inf"), tl.float32), f64)
-        t = _acc(tl.zeros([fallback_block], tl.float32), f64)
-        for start in range(0, N, fallback_block):
-            o = start + cols
-            m, t = _online_step(m, t, _acc(tl.load(x_row + o, mask=o < N, other=float("-inf")),
-                                           f64))
-        row_max, row_sum = _merge(m, t, 0)
+        row_max, row_sum = _row_stats(x_row, N, fallback_block, f64)
     if log:
         out = z - ((row_max - shift) + tl.log(row_sum))
     else:
@@ -264,7 +259,7 @@ class OnlinePlan:
     kernel alone (one program a row), or the split pair (the rows' statistics, then the
     normalisation). Each launch runs programs_per_row programs for every row."""
 
-    forward: CoopPlan | ChunkPlan  # the launch that writes y
+    forward: CoopPlan | LaggedPlan | ChunkPlan  # the launch that writes y (lagged.py's)
     stats: ChunkPlan | None  # the split pair's statistics launch (None: one launch)
     programs_per_row: int
 
@@ -419,7 +414,8 @@ def _online_fwd(plan: OnlinePlan, call: SoftmaxCall):
     return split_forward
 
 
-#: The keys of online's configs: a cooperative launch's, and a chunked one's.
+#: The keys of online's configs: a lagged launch's, a cooperative one's, and a chunked one's.
+LAGGED_CONFIG_KEYS = frozenset({"chunk", "num_warps", "lag"})
 COOP_CONFIG_KEYS = frozenset({"chunk", "num_warps"})
 CONFIG_KEYS = frozenset({"block", "num_warps", "split"})
 
@@ -428,6 +424,8 @@ class OnlineBackend(ForwardBackend):
     name = "online"
 
     def config_keys(self, config) -> frozenset:
+        if "lag" in config:
+            return LAGGED_CONFIG_KEYS
         return COOP_CONFIG_KEYS if "chunk" in config else CONFIG_KEYS
 
     def supports(self, call: SoftmaxCall) -> str | None:
@@ -463,7 +461,7 @@ class OnlineBackend(ForwardBackend):
     def configs(self, call: SoftmaxCall) -> list[dict]:
         block = 2048 if call.f64 else 4096
         split = self.split_for(call, block, call.info.sm_count)
-        cfgs = self.coop_configs(call) + [
+        cfgs = lagged_configs(call) + self.coop_configs(call) + [
             {"block": block, "num_warps": 8, "split": split},
             {"block": 2 * block, "num_warps": 16, "split": split}]
         if split > 1:
@@ -475,15 +473,28 @@ class OnlineBackend(ForwardBackend):
 
     @staticmethod
     def forward_plan(call: SoftmaxCall, config, sms: int) -> OnlinePlan:
+        if "lag" in config:
+            plan = lagged_fwd_plan(call, config["chunk"], config["num_warps"], config["lag"])
+            if plan is not None:
+                return OnlinePlan(plan, None, plan.ints[3])
+            # (a cached config of this shape bucket, for a row it does not take)
+            return coop_fwd_plan(call, config["chunk"], config["num_warps"], sms)
         if "chunk" in config:
             return coop_fwd_plan(call, config["chunk"], config["num_warps"], sms)
         return online_fwd_plan(call, config["block"], config["num_warps"], config["split"])
 
     @staticmethod
     def _forward(plan: OnlinePlan, call: SoftmaxCall):
+        if isinstance(plan.forward, LaggedPlan):
+            return lagged_fwd(plan.forward, call)
         return (_coop_fwd if plan.coop else _online_fwd)(plan, call)
 
     def cost(self, call: SoftmaxCall, model) -> Estimate:
+        lagged = lagged_configs(call)
+        if lagged:
+            split = lagged_split(call, lagged[0]["chunk"])
+            return cost.online(call, model, split=split,
+                               lagged=lagged_rows(call, split, lagged[0]["lag"]))
         coop = self.coop_configs(call)
         if coop:
             chunk = coop[0]["chunk"]

@@ -1,0 +1,187 @@
+"""softmax's online backend in lagged mode (opselect/kernels/softmax/lagged.py): program (r, p)
+publishes chunk p of row r's (max, sum) as one tagged 64-bit word and writes chunk p of row
+r - lag_rows. On the interpreter programs run in order, so every row's words are in before they
+are read; the paths that wait (and give up) are reached by slots whose tags disagree, and on the
+GPU by a spin limit of one poll."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from opselect.errors import InvalidArgument
+from opselect.kernels import softmax as sm
+from opselect.kernels.softmax import lagged, online
+from test_softmax import assert_matches, patch_everywhere, run_config, spy
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
+
+
+def special_rows(rows: int, n: int, dtype) -> torch.Tensor:
+    """Random rows with whole chunks of -inf after and before finite ones, a NaN, a +inf and a
+    row of -inf (NaN out, as torch)."""
+    x = torch.randn(rows, n) * 5
+    x[1, n // 2:] = float("-inf")
+    x[2, :n - 100] = float("-inf")
+    x[3, 5] = float("nan")
+    x[4, n - 1] = float("inf")
+    x[5] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("config", [
+    {"chunk": 128, "num_warps": 4, "lag": 1},  # a row of programs behind
+    {"chunk": 64, "num_warps": 4, "lag": 20},  # 20 programs: two rows of 10 behind
+    {"chunk": 256, "num_warps": 4, "lag": 1 << 16},  # more than the rows: all rows behind
+])
+@pytest.mark.parametrize("log", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["softmax", "log_softmax"])
+def test_lagged_matches_torch(cpu_triton, monkeypatch, config, log):
+    """Aligned rows (float32 and bfloat16 of 600) and rows off the 16-byte grid (float16 of 601,
+    float32 of 597: the head before the first whole vector and the tail past the last),
+    twice on the same slots, outputs poisoned first (an element left unwritten or written twice
+    fails). The grid is (rows + lag_rows) x split."""
+    grids = spy(monkeypatch, "_lagged_fwd_kernel")
+    rows = 6
+    for dtype, n in ((torch.float32, 600), (torch.bfloat16, 600), (torch.float16, 601),
+                     (torch.float32, 597)):
+        op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+        call = op.prepare(special_rows(rows, n, dtype), -1)
+        plan = op.backend("online").forward_plan(call, config, call.info.sm_count)
+        assert isinstance(plan.forward, lagged.LaggedPlan)
+        assert (plan.forward.vector > 0) == (n * dtype.itemsize % 16 != 0)
+        split = -(-n // config["chunk"])
+        lag_rows = max(1, min(rows, -(-config["lag"] // split)))
+        assert plan.forward.ints[3:] == (split, rows, lag_rows)
+        prepared = op.backend("online").bind(call, config)
+        for launch in range(2):
+            torch.manual_seed(launch)
+            x = special_rows(rows, n, dtype)
+            assert_matches(prepared(x), x, -1, log,
+                           backend=f"lagged {config} {dtype} n={n} launch {launch}")
+        assert grids["_lagged_fwd_kernel"][-1] == ((rows + lag_rows) * split,)
+
+
+def test_lagged_tags_move_on_and_wrap(cpu_triton):
+    """Every slot's tag moves on by one a launch (mod 4), whatever it started from: six
+    launches on the same slots, each right, each leaving every slot at its old tag + 1."""
+    x = special_rows(6, 600, torch.float32)
+    call = sm.SOFTMAX_OP.prepare(x, -1)
+    plan = lagged.lagged_fwd_plan(call, 128, 4, 7)
+    split, rows, lag_rows = plan.ints[3:]
+    assert (split, lag_rows) == (5, 2)
+    programs = (rows + lag_rows) * split
+    launch = lagged._LAGGED_FWD.bind(plan, (programs,), call.info.index)
+    slots = torch.full((programs,), 2, dtype=torch.int64)
+    for i in range(1, 7):
+        torch.manual_seed(i)
+        x = special_rows(6, 600, torch.float32)
+        y = torch.full_like(x, float("nan"))
+        launch(x, y, slots, *plan.ints)
+        assert_matches(y, x, -1, False, backend=f"lagged, launch {i}")
+        assert ((slots & 3) == (2 + i) % 4).all(), i
+
+
+def test_lagged_layouts_and_casts(cpu_triton):
+    """Non-contiguous rows (read in place with their stride), a transposed input (made
+    contiguous first), an offset start (off the 16-byte grid) and a widening dtype=."""
+    torch.manual_seed(32)
+    cfg = {"chunk": 512, "num_warps": 4, "lag": 3}
+    wide = torch.randn(6, 2400) * 3
+    for x in (wide[:, :1100], wide.t().contiguous().t()[:, :1100],
+              torch.randn(6 * 1100 + 1)[1:].view(6, 1100)):
+        for log in (False, True):
+            assert_matches(run_config(x, -1, log, "online", cfg), x, -1, log,
+                           backend="lagged layout")
+    h = (torch.randn(6, 1100) * 3).half()
+    assert_matches(run_config(h, -1, False, "online", cfg, dtype=torch.float32), h, -1, False,
+                   dtype=torch.float32, backend="lagged fp16 -> fp32")
+
+
+def test_lagged_slots_with_other_tags_wait_and_read_the_row(cpu_triton):
+    """Slots whose tags disagree (a program's epoch is its own slot's old tag + 1, so the row
+    it writes never shows that tag): the program polls, gives up (the interpreter's spin limit
+    is one poll) and reads the row itself for its statistics. Still right; and every slot
+    carries this launch's tag after it."""
+    torch.manual_seed(33)
+    x = special_rows(6, 600, torch.float32)
+    call = sm.SOFTMAX_OP.prepare(x, -1)
+    plan = lagged.lagged_fwd_plan(call, 128, 4, 5)
+    split, rows, lag_rows = plan.ints[3:]
+    programs = (rows + lag_rows) * split
+    launch = lagged._LAGGED_FWD.bind(plan, (programs,), call.info.index)
+    slots = torch.arange(programs, dtype=torch.int64) % 4  # neighbours' tags differ
+    old = slots.clone()
+    y = torch.full_like(x, float("nan"))
+    launch(x, y, slots, *plan.ints)
+    assert_matches(y, x, -1, False, backend="lagged, tags that disagree")
+    assert torch.equal(slots & 3, (old + 1) % 4)
+
+
+def test_lagged_configs_and_limits(cpu_triton):
+    """Lagged configs go first where the grid has LAGGED_MIN_PROGRAMS programs and a row 2 to
+    128 chunks, never for float64; a config of another row (one chunk, too many) falls back to
+    the cooperative or chunked plan; a lag that is no int in range is refused."""
+    def gpu_call(rows, n, dtype=torch.bfloat16):
+        call = sm.prepare_softmax(torch.empty(rows, n, dtype=dtype), -1)
+        call.info = dataclasses.replace(call.info, type="cuda", index=0, sm_count=132)
+        return call
+
+    backend = sm.SOFTMAX_OP.backend("online")
+    assert backend.configs(gpu_call(4096, 128256))[0] == {"chunk": 4096, "num_warps": 4,
+                                                          "lag": 1024}
+    assert backend.configs(gpu_call(1024, 151936, torch.float32))[0] == {
+        "chunk": 2048, "num_warps": 4, "lag": 1024}
+    assert [c.get("lag") for c in lagged.lagged_configs(gpu_call(64, 128256))] == [1024, 512]
+    assert lagged.lagged_configs(gpu_call(63, 128256)) == []  # 2,016 programs
+    assert lagged.lagged_configs(gpu_call(4096, 128256, torch.float64)) == []
+    assert lagged.lagged_configs(gpu_call(64, 1200000)) == []  # 147 chunks of 8192
+    assert "lag" not in backend.configs(gpu_call(8, 128256))[0]  # cooperative: few rows
+    one_chunk = gpu_call(4096, 4000)
+    plan = backend.forward_plan(one_chunk, {"chunk": 4096, "num_warps": 4, "lag": 512}, 132)
+    assert not isinstance(plan.forward, lagged.LaggedPlan)
+    call = gpu_call(4096, 32000)
+    for lag in (0, -1, 1 << 17, 2.0, "8", None, True):
+        with pytest.raises(InvalidArgument, match="lag"):
+            backend.forward_plan(call, {"chunk": 4096, "num_warps": 4, "lag": lag}, 132)
+    with pytest.raises(InvalidArgument, match="keys"):
+        backend.plan(call, {"chunk": 4096, "lag": 512})
+
+
+def test_lagged_cost_model(cpu_triton):
+    """The cold model's online estimate is the lagged one where lagged goes first: on the
+    H200's defaults, below the cooperative estimate of the same rows (the cooperative kernel
+    measured 1.26x slower on 4096 x 128256 bf16), and the cold choice is online on rows too
+    long for fused."""
+    from opselect.heuristics import softmax as cost
+    from opselect.heuristics.device_model import defaults_for, known_gpu
+
+    for rows, n in ((4096, 128256), (16384, 32000), (1024, 131072)):
+        meta = torch.empty(rows, n, dtype=torch.bfloat16, device="meta")
+        call = sm.prepare_softmax(meta, -1)
+        call.info = known_gpu("H200")
+        model = defaults_for(call.info)
+        lag = sm.SOFTMAX_OP.backend("online").cost(call, model)
+        coop = cost.online(call, model, split=online.coop_split(call, 8192), cooperative=True,
+                           chunk=8192)
+        assert lag.seconds < coop.seconds, (rows, n)
+        if n > 32768:
+            choice = sm.SOFTMAX_OP.what_if(sm.prepare_softmax(meta, -1), known_gpu("H200"))
+            assert (choice.choice, choice.config.get("lag")) == ("online", 1024), (rows, n)
+
+
+@pytest.mark.gpu
+def test_gpu_lagged_gives_up_waiting(cuda, monkeypatch):
+    """A lag of one program and a spin limit of one poll: programs find the row they write
+    still being read, stop waiting and read it themselves. Slower, still right."""
+    patch_everywhere(monkeypatch, "SPIN_LIMIT", 1)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(256, 50257, device=cuda) * 3).to(dtype)
+        for log in (False, True):
+            got = run_config(x, -1, log, "online", {"chunk": 4096, "num_warps": 4, "lag": 1})
+            assert_matches(got, x, -1, log, backend=f"online lagged {dtype}, no waiting")
