@@ -10,6 +10,8 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from opselect.errors import InvalidArgument
 from opselect.kernels import softmax as sm
@@ -185,3 +187,57 @@ def test_gpu_lagged_gives_up_waiting(cuda, monkeypatch):
         for log in (False, True):
             got = run_config(x, -1, log, "online", {"chunk": 4096, "num_warps": 4, "lag": 1})
             assert_matches(got, x, -1, log, backend=f"online lagged {dtype}, no waiting")
+
+
+@triton.jit
+def _tag_and_read(big_ptr, total_ptr, out_ptr, epoch):
+    i = tl.program_id(0)
+    one = tl.arange(0, 1)
+    big = tl.load(big_ptr + i + one)
+    total = tl.load(total_ptr + i + one)
+    word = lagged.tagged_word(big, total, epoch)
+    used = one < 1
+    row_max, row_sum = lagged.words_stats(word, used)
+    tl.store(out_ptr + 2 * i + one, row_max)
+    tl.store(out_ptr + 2 * i + 1 + one, row_sum)
+
+
+def test_tagged_words_keep_nan_and_round_sums(cpu_triton):
+    """A chunk's (max, sum) through its tagged word: the max exact, the sum within 2 units in
+    the last place of 4 (rounded, not cut), and NaN sums of every bit pattern still NaN (the
+    GPU's canonical NaN, 0x7FFFFFFF, once rounded into a tiny negative number: the row's NaN
+    was lost)."""
+    nan_bits = torch.tensor([0x7FFFFFFF, 0x7FC00000, 0x7F800001, -1, -4194304],
+                            dtype=torch.int32)
+    sums = torch.cat([torch.tensor([1.0, 3.0000002, 4096.0, 1e-30, 0.0]),
+                      nan_bits.view(torch.float32)])
+    maxima = torch.tensor([0.0, -5.5, 1e30, 0.0, float("-inf"), 1.0, 2.0, 3.0, 4.0, 5.0])
+    for epoch in range(4):
+        out = torch.full((2 * len(sums),), 7.0)
+        _tag_and_read[(len(sums),)](maxima, sums, out, epoch)
+        got_max, got_sum = out[0::2], out[1::2]
+        assert torch.equal(got_max[maxima > float("-inf")], maxima[maxima > float("-inf")])
+        finite = sums[:5]
+        assert torch.allclose(got_sum[:5][finite > 0], finite[finite > 0], rtol=2.5e-7, atol=0)
+        assert torch.isnan(got_sum[5:]).all(), (epoch, got_sum[5:])
+
+
+@pytest.mark.gpu
+def test_gpu_lagged_special_values(cuda):
+    """Rows of -inf, NaN and +inf, and chunks wholly -inf, at a size the lagged configs take,
+    every lagged config, aligned and off the 16-byte grid (a NaN sum once lost its NaN in the
+    tagged word on the GPU, whose NaN is 0x7FFFFFFF; the interpreter's is not)."""
+    torch.manual_seed(34)
+    for n, dtype in ((8200, torch.float32), (16401, torch.bfloat16)):
+        x = special_rows(512, n, torch.float32).to(cuda)
+        x[6:, :] = torch.randn(506, n, device=cuda) * 5
+        x[7, 100] = float("nan")
+        x[8, n // 3:] = float("-inf")
+        x = x.to(dtype)
+        for log in (False, True):
+            op = sm.LOG_SOFTMAX_OP if log else sm.SOFTMAX_OP
+            configs = lagged.lagged_configs(op.prepare(x, -1))
+            assert configs
+            for cfg in configs:
+                assert_matches(run_config(x, -1, log, "online", cfg), x, -1, log,
+                               backend=f"lagged {cfg} {dtype}")

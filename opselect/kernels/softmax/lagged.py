@@ -29,9 +29,13 @@ SPIN_LIMIT = 1 << 20
 def tagged_word(big, total, epoch):
     """A chunk's (max, sum) as one 64-bit word, the launch's tag (0-3) in the sum's two lowest
     bits: the sum rounded to a multiple of 4 units in the last place first (2**-22 of it at
-    most). The max keeps every bit: it shifts the exps of the merge, where an ulp of a large
-    max is a large factor."""
-    sum_bits = ((total.to(tl.int32, bitcast=True) + 2) & -4) | epoch
+    most); a NaN sum becomes the quiet NaN 0x7FC00000 first (the GPU's NaN is 0x7FFFFFFF:
+    rounded, it carried into the sign and came out a tiny negative number, and the row's NaN
+    was lost; a NaN whose mantissa lies in the two lowest bits would come out inf). The max keeps every bit:
+    it shifts the exps of the merge, where an ulp of a large max is a large factor. (A sum is at
+    most the chunk's length, never inf.)"""
+    bits = total.to(tl.int32, bitcast=True)
+    sum_bits = tl.where(total == total, (bits + 2) & -4, 0x7FC00000) | epoch
     return (big.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (sum_bits.to(tl.int64)
                                                                  & 0xFFFFFFFF)
 
@@ -44,9 +48,11 @@ def untagged(words, used, epoch):
 
 @triton.jit
 def words_stats(words, used):
-    """The row's (max, sum), each of shape [1], from its chunks' tagged words."""
+    """The row's (max, sum), each of shape [1], from its chunks' tagged words (the tag's bits
+    cleared: a sum is then within 2 units in the last place of its chunk's, and a sum of 0
+    is 0)."""
     pm = tl.where(used, (words >> 32).to(tl.int32).to(tl.float32, bitcast=True), float("-inf"))
-    ps = tl.where(used, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    ps = tl.where(used, (words.to(tl.int32) & -4).to(tl.float32, bitcast=True), 0.0)
     return _merge(pm, ps, 0)
 
 
