@@ -31,9 +31,9 @@ def tagged_word(big, total, epoch):
     bits: the sum rounded to a multiple of 4 units in the last place first (2**-22 of it at
     most); a NaN sum becomes the quiet NaN 0x7FC00000 first (the GPU's NaN is 0x7FFFFFFF:
     rounded, it carried into the sign and came out a tiny negative number, and the row's NaN
-    was lost; a NaN whose mantissa lies in the two lowest bits would come out inf). The max keeps every bit:
-    it shifts the exps of the merge, where an ulp of a large max is a large factor. (A sum is at
-    most the chunk's length, never inf.)"""
+    was lost; a NaN whose mantissa lies in the two lowest bits would come out inf). The max
+    keeps every bit: it shifts the exps of the merge, where an ulp of a large max is a large
+    factor. (A sum is at most the chunk's length, never inf.)"""
     bits = total.to(tl.int32, bitcast=True)
     sum_bits = tl.where(total == total, (bits + 2) & -4, 0x7FC00000) | epoch
     return (big.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (sum_bits.to(tl.int64)
@@ -70,13 +70,14 @@ def _lagged_fwd_kernel(x_ptr, y_ptr, slot_ptr, n_q, sx_q, sy_q, split, rows, lag
     write.
 
     No atomics: each program's (max, sum) is one 64-bit word (tagged_word), stored at once
-    (single-copy atomic), the launch's tag in the sum's two lowest bits. Every slot is written once a launch,
-    so the tag a launch writes is its program's slot's old tag + 1 (mod 4), the same for every
-    slot. q's words are loaded with the program's data, before its own statistics: where all
-    carry this launch's tag (the usual case) the program waits on nothing. Otherwise it polls;
-    q's programs started before it, and a program waits only on earlier ones, so the wait ends
-    (if it ever outlasts spin_limit polls, the program reads row q again for its statistics:
-    slower, never wrong, never hung; the interpreter runs programs in order, so they never wait).
+    (single-copy atomic), the launch's tag in the sum's two lowest bits. Every slot is written
+    once a launch, so the tag a launch writes is its program's slot's old tag + 1 (mod 4), the
+    same for every slot. q's words are loaded with the program's data, before its own
+    statistics: where all carry this launch's tag (the usual case) the program waits on
+    nothing. Otherwise it polls; q's programs started before it, and a program waits only on
+    earlier ones, so the wait ends (if it ever outlasts spin_limit polls, the program reads row
+    q again for its statistics: slower, never wrong, never hung; the interpreter runs programs
+    in order, so they never wait).
 
     vector > 0: packed rows off the 16-byte grid read in 16-byte vectors, as the cooperative
     kernel does (a row's chunks from its first whole vector on; part 0 also takes the head
