@@ -222,7 +222,8 @@ def test_calls_enable_leaves_to_torch_are_the_models_torch_calls():
     """enable() answers small eager (log_)softmax rows and small copies of views with torch's op
     before any key (fronts: heuristics.softmax.TORCH_ROWS_*, heuristics.permute.TORCH_COPY_*).
     That is only a shortcut of the model: on random calls inside those bounds, every GPU the
-    model knows must choose torch for the eager regime. A bound raised past the model's own choices fails."""
+    model knows must choose torch for the eager regime. A bound raised past the model's own
+    choices fails."""
     import random
 
     from opselect.heuristics import permute as permute_cost

@@ -184,7 +184,8 @@ def strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
 
     A short dim (`short`, padded to at most SHORT_DIM_MAX) takes a quarter of the tile, at least
     SHORT_DIM_COLUMNS columns and at most `short_most` (0: no bound): with the dim across few
-    warps the reduction along it stays mostly within threads (H200, fits/softmax.md "Short dims": 1000 x 33 x 768 fp16 221 -> 52 us)."""
+    warps the reduction along it stays mostly within threads (H200, fits/softmax.md "Short
+    dims": 1000 x 33 x 768 fp16 221 -> 52 us)."""
     pn = _pow2(n)
     # Row segments of 128 bytes (a cache line) by default, at most 2 KB; down to 32 bytes (a
     # sector, still fully used) when that keeps the whole dim in registers or gives every SM work.
@@ -414,8 +415,7 @@ def online(call, model, *, split: int, cooperative: bool = False,
         parts = _prepass(call, model)
         programs = (call.outer + lagged) * split
         vectors = _aligned(call) or vector_shift(call)
-        eff = TRITON_EFF * LAGGED_EFF * busy(model, programs) * (
-            1.0 if vectors else UNALIGNED_EFF)
+        eff = TRITON_EFF * LAGGED_EFF * busy(model, programs) * (1.0 if vectors else UNALIGNED_EFF)
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
         return _triton_estimate(call, model, "online", host, parts)
     if cooperative:
