@@ -29,6 +29,9 @@ from __future__ import annotations
 import math
 
 from .device_model import ALLOCATION, BOUND_LAUNCH
+# (SHORT_DIM_MAX, SHORT_FWD_COLUMNS_MAX and single_warps for the kernels, as cost.<name>)
+from .softmax_tiles import (SHORT_DIM_MAX, SHORT_FWD_COLUMNS_MAX, _cdiv, _pow2,  # noqa: F401
+                            single_warps, strided_plan)
 from .softmax_shared import AUTOGRAD_ENGINE_HOST, L2_USABLE, busy, input_copy, op_name, torch_launch
 
 #: enable()'s eager softmax calls that torch's op answers before any key is made
@@ -90,6 +93,10 @@ BWD_MULTIROW_MAX = 256
 #: split kernels (2048).
 BWD_CHUNK = 4096
 BWD_SPLIT_CHUNK = 2048
+#: The lagged backward (kernels/softmax/lagged.py: BWD_LAG_SHAPE, the forward's limits): chunks of
+#: this many bytes of y, its lag in programs, where it runs (2 to 128 chunks, 2,048 programs).
+BWD_LAGGED_CHUNK, BWD_LAG = 8192, 384
+LAGGED_MAX_SPLIT, LAGGED_MIN_PROGRAMS = 128, 2048
 #: Elements a strided backward tile holds: half of common.TILE_MAX, as it holds y and dy.
 BWD_STRIDED_TILE = 8192
 #: The strided backward's rate of moving a byte, as a fraction of the forward's terms (short-segment
@@ -144,82 +151,14 @@ def _resident(model, warps: int, elements: int, f64: bool) -> int:
     return model.sm_count * max(1, min(64 // warps, 65536 // (regs * 32 * warps), 16))
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _warps(elements: int) -> int:
     """common._warps: about 16 elements per thread, 1 to 16 warps."""
     return max(1, min(16, _pow2(elements) // 512))
 
 
 # ---------------------------------------------------------------------------------------------
-# The backward (call.grad)
+# Passes and splits of the strided kernels; the backward (call.grad)
 # ---------------------------------------------------------------------------------------------
-#: Dims up to this long (padded to a power of two) held whole in registers take the short-dim
-#: tile and warps below (SHORT_DIM_TILE_DIVISOR, single_warps); longer ones the general rule.
-SHORT_DIM_MAX = 256
-#: A short dim's tile: the general tile over this (forward 4096 elements, backward 2048), at
-#: least SHORT_DIM_COLUMNS columns.
-SHORT_DIM_TILE_DIVISOR = 4
-SHORT_DIM_COLUMNS = 32
-#: The forward's short-dim tile is at most this many columns: the quarter tile gives dims of 16
-#: or fewer rows 128-512 columns a program, which ran 3-17% slower than 64 (H200, fits/softmax.md
-#: "Short dims: the forward at most 64 columns": 64 x 12 x 197 x 197 fp16 over the heads 56.5
-#: -> 47.1 us). Not the backward's: 2000 x 7 x 333 fp32 ran its 64 columns 8% slower than 256.
-SHORT_FWD_COLUMNS_MAX = 64
-
-
-def strided_plan(n: int, inner: int, outer: int, itemsize: int, sm_count: int,
-                 block_i: int | None = None, tile: int = 16384,
-                 short: bool = True, short_most: int = 0) -> tuple[int, int, bool]:
-    """(inner_block, dim_block, single) for a [dim x inner] reduction along axis 0: inner_block
-    inner columns per program, and the whole dim in registers (single) when dim_block x
-    inner_block fits in `tile` (the forward's 16384 elements; the backward's BWD_STRIDED_TILE,
-    as it holds y and dy). The kernels' plans (common._strided_plan) are this function.
-
-    A short dim (`short`, padded to at most SHORT_DIM_MAX) takes a quarter of the tile, at least
-    SHORT_DIM_COLUMNS columns and at most `short_most` (0: no bound): with the dim across few
-    warps the reduction along it stays mostly within threads (H200, fits/softmax.md "Short
-    dims": 1000 x 33 x 768 fp16 221 -> 52 us)."""
-    pn = _pow2(n)
-    # Row segments of 128 bytes (a cache line) by default, at most 2 KB; down to 32 bytes (a
-    # sector, still fully used) when that keeps the whole dim in registers or gives every SM work.
-    wide_i = max(1, min(_pow2(inner), 128 // itemsize))
-    min_i = max(1, min(_pow2(inner), 32 // itemsize))
-    if block_i is None:
-        if short and pn <= SHORT_DIM_MAX:
-            block_i = min(_pow2(inner), max(SHORT_DIM_COLUMNS,
-                                            tile // SHORT_DIM_TILE_DIVISOR // pn))
-            if short_most:
-                block_i = min(block_i, short_most)
-        else:
-            block_i = min(_pow2(inner), 2048 // itemsize, max(wide_i, tile // pn))
-            if pn * block_i > tile and tile // pn >= min_i:
-                block_i = tile // pn  # one read instead of two, with shorter segments
-        while block_i > min_i and outer * _cdiv(inner, block_i) < 2 * sm_count:
-            block_i //= 2
-    block_i = max(1, min(block_i, _pow2(inner)))
-    if pn * block_i <= tile:
-        return block_i, pn, True
-    # Chunks of the dim: the loop keeps a running max and sum per lane, so a chunk is a quarter
-    # of the tile (state, the chunk and its exponentials share the registers).
-    return block_i, max(1, min(pn, tile // (4 * block_i))), False
-
-
-def single_warps(elements: int, vector: bool, per_thread: int) -> int:
-    """Warps of a short dim's single-pass tile (SHORT_DIM_MAX): `per_thread` elements a thread
-    where the rows load in 16-byte vectors (`vector`), half as many where they load narrower
-    (more threads keep the loads in flight), 2 to 16 warps (one warp lost 10% on a tiny tile of
-    few programs, 101 x 323 over dim 0). The forward holds 64, the backward (y and dy) 32."""
-    per = per_thread if vector else per_thread // 2
-    return max(2, min(16, _pow2(elements) // (32 * per)))
-
-
 def strided_backward_plan(n: int, inner: int, outer: int, itemsize: int,
                           sm_count: int) -> tuple[int, int, bool]:
     """(inner_block, dim_block, single) of the strided backward: strided_plan with a tile of
@@ -266,6 +205,14 @@ def strided_splits(n: int, blocks: int, sm_count: int, *, forward: bool) -> int:
     return splits if splits >= 2 else 0
 
 
+def lagged_backward_split(call) -> int:
+    """Chunks a row in the lagged backward (lagged.lagged_backward), 0 where it does not run."""
+    split = _cdiv(call.n, BWD_LAGGED_CHUNK // call.out_dtype.itemsize)
+    if call.f64 or not 1 < split <= LAGGED_MAX_SPLIT or call.outer * split < LAGGED_MIN_PROGRAMS:
+        return 0
+    return split
+
+
 def _triton_backward(call, model) -> tuple[dict, float, str]:
     """Device parts, host seconds and a note of autograd.backward() on this call's output (the
     same kernels whichever Triton backend ran the forward); dx in the input's dtype, or the
@@ -307,6 +254,12 @@ def _triton_backward(call, model) -> tuple[dict, float, str]:
             # Each program's walk over its tiles (the forward's STRIDED_STEP_S).
             resident = _resident(model, _warps(block_n * block_i), 2 * block_n * block_i, f64)
             latency = math.ceil(programs / resident) * tiles * STRIDED_STEP_S
+    elif n > BWD_SINGLE_MAX and (split := lagged_backward_split(call)):
+        # One read from memory, one from L2 (lag rows later), one write; nothing waits.
+        programs = (outer + max(1, min(outer, _cdiv(BWD_LAG, split)))) * split
+        eff = TRITON_EFF * LAGGED_EFF * (1.0 if _aligned(call) or vector_shift(call) else
+                                         UNALIGNED_EFF)
+        note = "backward: lagged rows (a row's sum gathered while later rows are read)"
     elif n > (BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX) and outer < model.sm_count:
         split = max(1, min(_cdiv(2 * model.sm_count, outer), _cdiv(n, BWD_SPLIT_CHUNK)))
         chunk = _cdiv(_cdiv(n, split), BWD_SPLIT_CHUNK) * BWD_SPLIT_CHUNK
@@ -408,29 +361,21 @@ def online(call, model, *, split: int, cooperative: bool = False,
     """lagged: the lagged kernel's rows of programs past the last row (0: not lagged): one read
     from memory, one from L2, one write; nothing waits; its words are the stream's, kept."""
     op = op_name(call)
-    if lagged:
+    if lagged or cooperative:
+        # One read and one write. Cooperative: a row's programs wait for each other, a few us
+        # per wave of rows. Its partial sums and counters (lagged: its words) are the stream's.
         host = _host(call, model, kernels=1, allocations=1)
         if call.numel == 0:
             return model.estimate(op, "online", triton=True, launch=host)
         parts = _prepass(call, model)
         programs = (call.outer + lagged) * split
         vectors = _aligned(call) or vector_shift(call)
-        eff = TRITON_EFF * LAGGED_EFF * busy(model, programs) * (1.0 if vectors else UNALIGNED_EFF)
+        eff = (TRITON_EFF * (LAGGED_EFF if lagged else 1.0) * busy(model, programs)
+               * (1.0 if vectors else UNALIGNED_EFF))
         parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
-        return _triton_estimate(call, model, "online", host, parts)
-    if cooperative:
-        # One read and one write; a row's programs wait for each other, a few us per wave of
-        # rows. The partial sums and counters are the stream's, kept between calls.
-        host = _host(call, model, kernels=1, allocations=1)
-        if call.numel == 0:
-            return model.estimate(op, "online", triton=True, launch=host)
-        parts = _prepass(call, model)
-        programs = call.outer * split
-        vectors = _aligned(call) or vector_shift(call)
-        eff = TRITON_EFF * busy(model, programs) * (1.0 if vectors else UNALIGNED_EFF)
-        parts["memory"] = model.stream(call.numel * (call.in_bytes + call.out_dtype.itemsize)) / eff
-        parts["sync"] = (COOP_WAIT_S * chunk / COOP_WAIT_CHUNK
-                         * math.ceil(programs / (2 * model.sm_count)))
+        if not lagged:
+            parts["sync"] = (COOP_WAIT_S * chunk / COOP_WAIT_CHUNK
+                             * math.ceil(programs / (2 * model.sm_count)))
         return _triton_estimate(call, model, "online", host, parts)
     if split == 1:
         host = _host(call, model)
