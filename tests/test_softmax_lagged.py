@@ -1,8 +1,9 @@
 """softmax's online backend in lagged mode (opselect/kernels/softmax/lagged.py): program (r, p)
 publishes chunk p of row r's (max, sum) as one tagged 64-bit word and writes chunk p of row
-r - lag_rows. On the interpreter programs run in order, so every row's words are in before they
-are read; the paths that wait (and give up) are reached by slots whose tags disagree, and on the
-GPU by a spin limit of one poll."""
+r - lag_rows; the lagged backward does the same with a row's sum of dy * y. On the interpreter
+programs run in order, so every row's words are in before they are read; the paths that wait
+(and give up) are reached by slots whose tags disagree, and on the GPU by a spin limit of one
+poll."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import triton.language as tl
 from opselect.errors import InvalidArgument
 from opselect.kernels import softmax as sm
 from opselect.kernels.softmax import lagged, online
-from test_softmax import assert_matches, patch_everywhere, run_config, spy
+from test_softmax import assert_grad, assert_matches, grads, patch_everywhere, run_config, spy
+from test_softmax import poisoned  # noqa: F401 (autouse: outputs start poisoned here too)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
@@ -241,3 +243,164 @@ def test_gpu_lagged_special_values(cuda):
             for cfg in configs:
                 assert_matches(run_config(x, -1, log, "online", cfg), x, -1, log,
                                backend=f"lagged {cfg} {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The lagged backward
+# ---------------------------------------------------------------------------------------------
+def backward_reference(y, g, log):
+    yd, gd = y.double(), g.double()
+    if log:
+        return gd - yd.exp() * gd.sum(-1, keepdim=True)
+    return yd * (gd - (gd * yd).sum(-1, keepdim=True))
+
+
+def backward_inputs(rows, n, dtype, log, g_stride=None, g_dtype=None):
+    """y of special_rows (rows 3-5 NaN, row 1 zeros past its middle, row 2 mostly zeros) and a
+    dy of rows g_stride apart (a view of wider rows), both of n columns."""
+    x = special_rows(rows, n, torch.float64)
+    y = (torch.log_softmax if log else torch.softmax)(x, -1).to(dtype)
+    g = (torch.randn(rows, g_stride or n) * 2).to(g_dtype or dtype)[:, :n]
+    g[0, 7] = 1e4  # a term far above the rest of its row's sum
+    return y, g
+
+
+def lagged_backward_of(y, g, log, shape, dx_dtype=None):
+    """The prepared lagged backward of y and g (unbound launches), at any grid size."""
+    from opselect.kernels._common import allocator
+
+    dx_dtype = dx_dtype or y.dtype
+    align = sm.common._align(y.shape[-1], g.stride(0))
+    return lagged.lagged_backward(lambda launcher, plan, grid: lambda *a: launcher(plan, grid, a),
+                                  y, g.stride(0), g.dtype, dx_dtype, log, align,
+                                  allocator(y.shape, dx_dtype, y.device), True, shape)
+
+
+@pytest.mark.parametrize("shape", [(512, 4, 1), (256, 4, 20), (1024, 4, 1 << 16)],
+                         ids=["lag 1", "lag 20", "lag past the rows"])
+@pytest.mark.parametrize("log", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["softmax", "log_softmax"])
+def test_lagged_backward_matches_torch(cpu_triton, monkeypatch, shape, log):
+    """The lagged backward through autograd.backward (rows past BWD_SINGLE_MAX and the grid's
+    minimum lowered): aligned rows, rows off the 16-byte grid in shifted vectors (float16 of
+    601, float32 of 597: head, window and tail), dy of its own stride read in place (off the
+    grid: no vectors), a float32 y and dy with a float16 dx; each twice on the same slots (the
+    tags move on), outputs poisoned, against float64. The grid is (rows + lag_rows) x split."""
+    patch_everywhere(monkeypatch, "BWD_SINGLE_MAX", 64)
+    monkeypatch.setattr(lagged, "LAGGED_MIN_PROGRAMS", 1)
+    monkeypatch.setattr(lagged, "BWD_LAG_SHAPE", shape)
+    grids = spy(monkeypatch, "_lagged_bwd_kernel")
+    plans = []
+    make_plan = lagged.lagged_backward_plan
+    monkeypatch.setattr(lagged, "lagged_backward_plan",
+                        lambda *args: plans.append(make_plan(*args)) or plans[-1])
+    rows = 6
+    for dtype, n, g_stride, dx_dtype, vector in (
+            (torch.float32, 600, None, None, 0), (torch.bfloat16, 600, None, None, 0),
+            (torch.float16, 601, None, None, 8), (torch.float32, 597, None, None, 4),
+            (torch.float32, 600, 650, None, 0), (torch.float16, 601, 700, None, 0),
+            (torch.float32, 601, None, torch.float16, 8)):
+        for launch in range(2):
+            torch.manual_seed(launch)
+            y, g = backward_inputs(rows, n, dtype, log, g_stride)
+            got = sm.autograd.backward(y, g, 1, log, dx_dtype or dtype)
+            what = f"lagged backward {shape} {dtype} n={n} dy stride {g.stride(0)} #{launch}"
+            assert_grad(got, backward_reference(y, g, log), dx_dtype or dtype, what)
+            assert plans[-1].vector == vector, what
+            split = -(-n // (shape[0] // dtype.itemsize))
+            lag_rows = max(1, min(rows, -(-shape[2] // split)))
+            assert plans[-1].ints[2:] == (split, rows, lag_rows), what
+            assert grids["_lagged_bwd_kernel"][-1] == ((rows + lag_rows) * split,), what
+
+
+def test_lagged_backward_under_autograd(cpu_triton, monkeypatch):
+    """A route's backward (ops.softmax under autograd, whichever backend ran the forward: its
+    prepared backward kept in the route's memo) runs the lagged kernel on long rows, twice, as
+    torch's gradient."""
+    patch_everywhere(monkeypatch, "BWD_SINGLE_MAX", 64)
+    monkeypatch.setattr(lagged, "LAGGED_MIN_PROGRAMS", 1)
+    monkeypatch.setattr(lagged, "BWD_LAG_SHAPE", (512, 4, 7))
+    grids = spy(monkeypatch, "_lagged_bwd_kernel")
+    torch.manual_seed(35)
+    for i in range(2):
+        x = (torch.randn(5, 1000) * 3).to(torch.bfloat16)
+        for log in (False, True):
+            got, ref = grads(x, -1, log, "fused", torch.randn(x.shape))
+            assert_grad(got, ref, torch.bfloat16, f"lagged backward under autograd #{i}")
+    assert len(grids["_lagged_bwd_kernel"]) == 4
+
+
+def test_lagged_backward_slots_that_disagree_wait_and_read_the_row(cpu_triton):
+    """Slots whose tags disagree: programs poll, give up (one poll on the interpreter) and sum
+    the row themselves; still right, and every slot carries its old tag + 1 after it."""
+    torch.manual_seed(36)
+    y, g = backward_inputs(6, 600, torch.float32, False)
+    plan = lagged.lagged_backward_plan(torch.float32, torch.float32, torch.float32,
+                                       (600, 600, 5, 6, 2), 1, False, 128, 1, 128, False, 4)
+    programs = (6 + 2) * 5
+    slots = (torch.arange(programs, dtype=torch.int64) % 4) << 32
+    slots[3] |= 0x7FC00000  # (the low half is the sum: a tag never reads it)
+    old = slots.clone()
+    dx = torch.full_like(y, 7.0)
+    lagged._LAGGED_BWD(plan, (programs,), (y, g, dx, slots, *plan.ints))
+    assert_grad(dx, backward_reference(y, g, False), torch.float32, "tags that disagree")
+    assert torch.equal((slots >> 32) & 3, ((old >> 32) + 1) % 4)
+
+
+def test_lagged_backward_takes_its_rows(cpu_triton):
+    """The lagged backward takes rows of 2 to LAGGED_MAX_SPLIT chunks on a grid of
+    LAGGED_MIN_PROGRAMS, never float64; vectors only where dy is packed as y."""
+    def takes(rows, n, dtype=torch.bfloat16, g_stride=None):
+        y = torch.empty(rows, n, dtype=dtype, device="meta")
+        g = torch.empty(rows, g_stride or n, dtype=dtype, device="meta")[:, :n]
+        return lagged_backward_of(y, g, False, None) is not None
+
+    assert takes(64, 128256) and not takes(63, 128256)  # 2,048 and 2,016 programs
+    assert takes(1024, 4097) and not takes(1024, 4096)  # two chunks of 8 KB, one
+    assert takes(4096, 128 * 4096) and not takes(4096, 128 * 4096 + 1)
+    assert not takes(4096, 32000, torch.float64)
+    assert takes(4096, 32000, g_stride=32768)
+
+
+@pytest.mark.gpu
+def test_gpu_lagged_backward(cuda, monkeypatch):
+    """At sizes the lagged backward takes, softmax and log_softmax with special rows: aligned
+    bfloat16 rows, float16 rows off the 16-byte grid (shifted vectors), float32 rows of 75
+    chunks, dy of its own stride; three launches each (the tags move on); then a lag of one
+    program and a spin limit of one poll (programs find the row they write still being read,
+    stop waiting and sum it themselves): slower, still right."""
+    grids = spy(monkeypatch, "_lagged_bwd_kernel")
+    cases = ((512, 32000, torch.bfloat16, None), (256, 50257, torch.float16, None),
+             (64, 151936, torch.float32, None), (300, 40000, torch.bfloat16, 40960))
+    for spin, shape in ((lagged.SPIN_LIMIT, None), (1, (8192, 4, 1))):
+        monkeypatch.setattr(lagged, "SPIN_LIMIT", spin)
+        monkeypatch.setattr(lagged, "BWD_LAG_SHAPE", shape or lagged.BWD_LAG_SHAPE)
+        for rows, n, dtype, g_stride in cases:
+            for log in (False, True):
+                torch.manual_seed(rows + log)
+                y, g = backward_inputs(rows, n, dtype, log, g_stride)
+                y, g = y.to(cuda), g.to(cuda)
+                ref = backward_reference(y, g, log)
+                before = len(grids["_lagged_bwd_kernel"])
+                for launch in range(3):
+                    got = sm.autograd.backward(y, g, 1, log, dtype)
+                    assert_grad(got, ref, dtype, f"lagged backward {rows}x{n} {dtype} "
+                                f"log={log} spin={spin} #{launch}")
+                assert len(grids["_lagged_bwd_kernel"]) == before + 3
+
+
+@pytest.mark.gpu
+def test_gpu_lagged_backward_under_autograd(cuda, monkeypatch):
+    """ops.softmax under autograd on vocabulary rows: the route's bound lagged backward, twice
+    (the second on fresh data), as torch's float64 gradient."""
+    grids = spy(monkeypatch, "_lagged_bwd_kernel")
+    torch.manual_seed(37)
+    for i in range(2):
+        x = (torch.randn(1024, 32000, device=cuda) * 3).to(torch.bfloat16)
+        for log in (False, True):
+            # (dy in bfloat16 for both: float32 dy rounded for ours alone moves log_softmax's
+            # sum of 32,000 terms by a few tenths, beyond the tolerance where a row's max is big)
+            upstream = torch.randn(x.shape, device=cuda).to(torch.bfloat16)
+            got, ref = grads(x, -1, log, "online", upstream)
+            assert_grad(got, ref, torch.bfloat16, f"lagged backward under autograd #{i}")
+    assert len(grids["_lagged_bwd_kernel"]) == 4

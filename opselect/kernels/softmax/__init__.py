@@ -29,8 +29,8 @@ Backward (ops.softmax under autograd): a torch.autograd.Function whose backward 
 kernels, whichever forward backend ran (torch's backend uses torch's own autograd):
   softmax      dx = y * (dy - sum(dy * y))
   log_softmax  dx = dy - exp(y) * sum(dy)
-with the same layouts: rows (in registers, or two passes over chunks, or split over programs)
-and strided tiles.
+with the same layouts: rows (in registers, lagged on many long rows, or two passes over
+chunks, or split over programs) and strided tiles.
 
 Numerics follow torch: float16/bfloat16/float32 accumulate in float32, float64 in float64. dtype=
 casts the input first; a widening cast is fused into the kernels' load (exact), a narrowing one is
@@ -58,7 +58,7 @@ from .call import (_WIDENING, CALIBRATION, SoftmaxCall, _torch_softmax, prepare_
 from .common import _ROWS_FWD, _strided_plan
 from .fused import FusedBackend
 from .multirow import MultirowBackend
-from .lagged import _LAGGED_FWD
+from .lagged import _LAGGED_BWD, _LAGGED_FWD
 from .online import _COOP_FWD, _ONLINE_FWD, _SPLIT_NORM, _SPLIT_STATS, OnlineBackend, coop_split
 from .strided import _STRIDED_FWD, _STRIDED_SPLIT, StridedBackend
 
@@ -72,7 +72,7 @@ __all__ = ["OP", "SOFTMAX_OP", "LOG_SOFTMAX_OP", "LAUNCHERS", "SoftmaxCall", "pr
 LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
     _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _LAGGED_FWD, _STRIDED_FWD,
     _STRIDED_SPLIT,
-    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD, _STRIDED_SPLIT_BWD)}
+    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD, _STRIDED_SPLIT_BWD, _LAGGED_BWD)}
 
 
 def _make_op(name: str, prepare) -> Op:

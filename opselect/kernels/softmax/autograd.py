@@ -18,8 +18,9 @@ from ...heuristics import softmax as cost
 from ...heuristics.device_model import model_for
 from ...dispatch.backend import PlannedBackend
 from .._common import allocator, cdiv, needs_int64, next_pow2
+from . import lagged
 from .call import SoftmaxCall, _collapse
-from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _resident,
+from .common import (MULTIROW_MAX, TILE_MAX, _acc, _align, _cast_for, _grad, _resident,
                      _row_and_part, _strided_plan, _tiles_per_program, _warps, check_config,
                      plan_launcher, single_warps, strided_launch_plan)
 
@@ -34,15 +35,6 @@ BWD_SINGLE_MAX_F64 = 8192
 # ---------------------------------------------------------------------------------------------
 # Kernels: backward. y and dx are contiguous; dy (g) has its own strides.
 # ---------------------------------------------------------------------------------------------
-@triton.jit
-def _grad(y, g, t, log: tl.constexpr):
-    if log:
-        dx = g - tl.exp(y) * t
-    else:
-        dx = y * (g - t)
-    return dx
-
-
 @triton.jit
 def _rows_bwd_kernel(y_ptr, g_ptr, dx_ptr, R, n_q, sg_q, tiles_per_program,
                      align: tl.constexpr, log: tl.constexpr, f64: tl.constexpr,
@@ -478,6 +470,12 @@ def prepare_backward(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool,
     a = _align(n, sgo)
     bn = next_pow2(n)
     single_max = BWD_SINGLE_MAX_F64 if f64 else BWD_SINGLE_MAX
+    if n > single_max and not f64:
+        # Many long rows: one launch, a row's sum gathered while later rows are read (lagged).
+        rows_lagged = lagged.lagged_backward(launch_of, y, sgo, g.dtype, dx_dtype, log, a,
+                                             new_dx, info.interpreted)
+        if rows_lagged is not None:
+            return rows_lagged if read is None else lambda y, g: rows_lagged(y, read(g))
     if n > single_max and outer < sm_count:
         # Few long rows: split each over several programs (partial sums, then dx in reverse).
         block = 2048

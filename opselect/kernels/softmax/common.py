@@ -83,6 +83,17 @@ def _merge(m, s, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _grad(y, g, t, log: tl.constexpr):
+    """dx of softmax (log: log_softmax) from its output y, the upstream gradient g and the row's
+    sum t (of g * y; log_softmax's, of g)."""
+    if log:
+        dx = g - tl.exp(y) * t
+    else:
+        dx = y * (g - t)
+    return dx
+
+
+@triton.jit
 def _cast_for(v, ptr):
     """v in the dtype `ptr` points to. float64 reaches bfloat16 through float32, as torch
     converts (c10's BFloat16 is built from a float), and as Triton's interpreter needs (its

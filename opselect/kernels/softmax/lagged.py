@@ -17,8 +17,8 @@ from ...errors import InvalidArgument
 from ...heuristics import softmax as cost
 from .._common import allocator, cdiv, needs_int64, next_pow2, per_stream
 from .call import SoftmaxCall
-from .common import (_align, _cast_for, _finish, _merge, _read_dtype, _reader, _row_and_part,
-                     _row_stats, _vector_window, plan_launcher)
+from .common import (_align, _cast_for, _finish, _grad, _merge, _read_dtype, _reader,
+                     _row_and_part, _row_stats, _vector_window, plan_launcher)
 
 #: Polls of a row's statistics before a program gives up and reads the row itself (never, in
 #: practice: the row's programs started long before).
@@ -262,3 +262,197 @@ def lagged_fwd(plan: LaggedPlan, call: SoftmaxCall):
         return y
 
     return forward
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward: many long rows, the same lag. A row's sum (of dy * y; log_softmax's, of dy) is
+# one float32 a chunk, so a word holds it whole, the launch's tag in the high half.
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def sum_word(total, epoch):
+    """A chunk's partial sum as a 64-bit word: its float32 bits, every one kept (dx = y * (dy -
+    t) cancels where dy is near t), and the launch's tag (0-3) above them."""
+    bits = total.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    return (epoch.to(tl.int64) << 32) | bits
+
+
+@triton.jit
+def _row_dot(y_row, g_row, N, log: tl.constexpr, block: tl.constexpr):
+    """A row's sum of dy * y (log_softmax's: of dy), of shape [1], read from the row itself:
+    what a program that stopped waiting for the row's chunks falls back on."""
+    cols = tl.arange(0, block)
+    acc = tl.zeros([block], tl.float32)
+    for start in range(0, N, block):
+        o = start + cols
+        g = tl.load(g_row + o, mask=o < N, other=0.0).to(tl.float32)
+        if log:
+            acc += g
+        else:
+            acc += g * tl.load(y_row + o, mask=o < N, other=0.0).to(tl.float32)
+    return tl.sum(acc, axis=0, keep_dims=True)
+
+
+@triton.jit
+def _lagged_bwd_kernel(y_ptr, g_ptr, dx_ptr, slot_ptr, n_q, sg_q, split, rows, lag_rows,
+                       align: tl.constexpr, log: tl.constexpr, chunk: tl.constexpr,
+                       words_block: tl.constexpr, spin_limit: tl.constexpr,
+                       fallback_block: tl.constexpr, offsets_64bit: tl.constexpr,
+                       vector: tl.constexpr):
+    """The backward, lagged: program (r, p) publishes chunk p of row r's partial sum, then
+    writes dx of chunk p of row q = r - lag_rows from y and dy read again (from L2). The
+    forward's protocol (_lagged_fwd_kernel): one tagged word a program, q's words loaded with
+    the program's data, a poll only where one is late, the row read again past spin_limit
+    polls. y and dx are packed rows of N; dy's rows are sg_q * align apart.
+
+    vector > 0: rows off the 16-byte grid in 16-byte vectors, as the forward's (dy packed as y:
+    the same window cuts both); the first chunk's program also takes the head and the tail."""
+    N = n_q * align
+    pid = tl.program_id(0)
+    row, part = _row_and_part(pid, split, offsets_64bit)
+    q = row - lag_rows
+    later = q >= 0
+    first = part == 0
+    epoch = ((tl.load(slot_ptr + pid, volatile=True) >> 32).to(tl.int32) + 1) & 3
+    if vector > 0:
+        # Offsets of the whole rows (dy's row stride is N): the window's, and the head's
+        # and the tail's (masked to part 0; head and tail loads go through one mask each).
+        start = row * N
+        lo, end, hi, cut = _vector_window(start, N, vector)
+        offs = lo + part * chunk + tl.arange(0, chunk)
+        mine = offs < tl.where(row < rows, hi, 0)
+        g = tl.load(g_ptr + offs, mask=mine, other=0.0).to(tl.float32)
+        if not log:
+            g *= tl.load(y_ptr + offs, mask=mine, other=0.0).to(tl.float32)
+        g = tl.where(offs < end, g, 0.0)  # (after the product: the next row's y may be NaN)
+        ends = start + tl.arange(0, vector)
+        h = tl.load(g_ptr + ends, mask=ends < tl.where(first & (row < rows), lo, start),
+                    other=0.0).to(tl.float32)
+        if not log:
+            h *= tl.load(y_ptr + ends, mask=ends < tl.where(first & (row < rows), lo, start),
+                         other=0.0).to(tl.float32)
+        q_start = q * N
+        q_lo, q_end, q_hi, q_cut = _vector_window(q_start, N, vector)
+        q_offs = q_lo + part * chunk + tl.arange(0, chunk)
+        # (q_offs >= q_lo: an early program's row q < 0 loads nothing)
+        theirs = q_offs < tl.where(later, q_cut, q_lo)
+        q_y = tl.load(y_ptr + q_offs, mask=theirs, other=0.0)
+        q_g = tl.load(g_ptr + q_offs, mask=theirs, other=0.0)
+    else:
+        offs = part * chunk + tl.arange(0, chunk)
+        mine = offs < tl.where(row < rows, N, 0)
+        g = tl.load(g_ptr + row * sg_q * align + offs, mask=mine, other=0.0).to(tl.float32)
+        if not log:
+            g *= tl.load(y_ptr + row * n_q * align + offs, mask=mine, other=0.0).to(tl.float32)
+        theirs = offs < tl.where(later, N, 0)
+        q_y = tl.load(y_ptr + q * n_q * align + offs, mask=theirs, other=0.0)
+        q_g = tl.load(g_ptr + q * sg_q * align + offs, mask=theirs, other=0.0)
+    # One word a thread at most (the forward's kernel says why).
+    k = tl.arange(0, words_block)
+    used = k < tl.where(later, split, 0)
+    words = tl.load(slot_ptr + q * split + k, mask=used, other=0, volatile=True)
+    one = tl.arange(0, 1)
+    total = tl.sum(g, axis=0)
+    if vector > 0:
+        total += tl.sum(h, axis=0)
+    tl.store(slot_ptr + pid + one, sum_word(total, epoch) + tl.zeros([1], tl.int64))
+    if later:
+        late = tl.sum(tl.where(used & ((words >> 32).to(tl.int32) != epoch), 1, 0), axis=0)
+        polls = tl.full([], 0, tl.int32)
+        while (late > 0) & (polls < spin_limit):
+            words = tl.load(slot_ptr + q * split + k, mask=used, other=0, volatile=True)
+            late = tl.sum(tl.where(used & ((words >> 32).to(tl.int32) != epoch), 1, 0), axis=0)
+            polls += 1
+        if late == 0:
+            partials = tl.where(used, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+            t = tl.sum(partials, axis=0, keep_dims=True)
+        else:
+            t = _row_dot(y_ptr + q * n_q * align, g_ptr + q * sg_q * align, N, log,
+                         fallback_block)
+        dx = _cast_for(_grad(q_y.to(tl.float32), q_g.to(tl.float32), t, log), dx_ptr)
+        if vector > 0:
+            tl.store(dx_ptr + q_offs, dx, mask=theirs)
+            # The head and the tail, element-wise (part 0 only).
+            for side in tl.static_range(2):
+                if side == 0:
+                    at = q_start + tl.arange(0, vector)
+                    on = at < tl.where(first, q_lo, q_start)
+                else:
+                    at = q_cut + tl.arange(0, vector)
+                    on = at < tl.where(first, q_end, q_cut)
+                e_y = tl.load(y_ptr + at, mask=on, other=0.0).to(tl.float32)
+                e_g = tl.load(g_ptr + at, mask=on, other=0.0).to(tl.float32)
+                tl.store(dx_ptr + at, _cast_for(_grad(e_y, e_g, t, log), dx_ptr), mask=on)
+        else:
+            tl.store(dx_ptr + q * n_q * align + offs, dx, mask=theirs)
+
+
+@dataclass(frozen=True, eq=False)
+class LaggedBackwardPlan:
+    """One lagged backward launch: the Launcher's spec and constexpr source."""
+
+    y_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    dx_dtype: torch.dtype
+    ints: tuple  # N / align, dy's row stride / align, programs per row, rows, lag_rows
+    align: int
+    log: bool
+    chunk: int
+    spin_limit: int
+    fallback_block: int
+    offsets_64bit: bool
+    num_warps: int
+    vector: int = 0  # elements per 16-byte vector of rows off the grid (y and dy packed)
+
+    @property
+    def words_block(self) -> int:
+        """As LaggedPlan's: the programs per row, at least two lanes a thread (no word is held
+        by two threads)."""
+        return max(next_pow2(self.ints[2]), 64 * self.num_warps)
+
+
+lagged_backward_plan = functools.lru_cache(maxsize=4096)(LaggedBackwardPlan)
+_LAGGED_BWD = plan_launcher(_lagged_bwd_kernel)
+
+#: The backward's chunk (bytes of y) and warps, and its lag in programs: BWD_LAG_SHAPE.
+BWD_LAG_SHAPE = (8192, 4, 384)
+
+
+def lagged_backward(launch_of, y: torch.Tensor, g_stride: int, g_dtype: torch.dtype,
+                    dx_dtype: torch.dtype, log: bool, align: int, new_dx, interpreted: bool,
+                    shape: tuple | None = None):
+    """The prepared lagged backward (y, g) -> dx of rows y (packed, the last dim), g's rows
+    g_stride apart; None where it does not take the rows (one chunk, more than
+    LAGGED_MAX_SPLIT, float64, or fewer than LAGGED_MIN_PROGRAMS programs). launch_of(launcher,
+    plan, grid) binds a launch (autograd.prepare_backward's); shape: (chunk bytes, warps, lag
+    in programs), BWD_LAG_SHAPE unless given."""
+    chunk_bytes, warps, lag = shape or BWD_LAG_SHAPE
+    n = y.shape[-1]
+    rows = y.numel() // max(n, 1)
+    chunk = chunk_bytes // y.element_size()
+    split = cdiv(n, chunk)
+    if y.dtype == torch.float64 or not 1 < split <= LAGGED_MAX_SPLIT:
+        return None
+    if rows * split < LAGGED_MIN_PROGRAMS:
+        return None
+    lag_rows = max(1, min(rows, cdiv(lag, split)))
+    ints = (n // align, g_stride // align, split, rows, lag_rows)
+    # Rows off the 16-byte grid in shifted 16-byte vectors, where dy is packed as y is.
+    narrow = min(y.element_size(), g_dtype.itemsize, dx_dtype.itemsize)
+    vector = 0
+    if (n * narrow) % 16 and (g_stride == n or rows == 1) and n >= 32 // narrow:
+        vector = 16 // narrow
+    i64 = needs_int64(rows * n + chunk, (rows + lag_rows) * max(g_stride, n) + n)
+    plan = lagged_backward_plan(y.dtype, g_dtype, dx_dtype, ints, align, log, chunk,
+                                1 if interpreted else SPIN_LIMIT, min(chunk, 1024), i64, warps,
+                                vector)
+    programs = (rows + lag_rows) * split
+    launch = launch_of(_LAGGED_BWD, plan, (programs,))
+    device = y.device
+    slots = per_stream(device, lambda: (torch.zeros(programs, dtype=torch.int64, device=device),))
+
+    def lagged_rows_backward(y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        dx = new_dx()
+        launch(y, g, dx, slots()[0], *ints)
+        return dx
+
+    return lagged_rows_backward
