@@ -468,6 +468,19 @@ def smoke() -> None:
             print(f"{name} {tuple(x.shape)} {x.dtype}: {'ok' if ok else 'WRONG'}", flush=True)
 
 
+def summary(times: dict, traffic: int, copy_bw: float, label: str, **facts) -> dict:
+    """Median us, spread and % of the copy's rate of each variant's times (us, in turns), printed
+    fastest first under `label`; the JSON row, with `facts` (its shape, dtype, bad, ...)."""
+    med = {n: statistics.median(t) for n, t in times.items()}
+    spread = {n: (max(t) - min(t)) / statistics.median(t) for n, t in times.items()}
+    pct = {n: 100 * traffic / (t * 1e-6) / (copy_bw * 1e12) for n, t in med.items()}
+    print(f"{label}: bad {facts.get('bad')}", flush=True)
+    for n in sorted(med, key=med.get):
+        print(f"    {n:24s} {med[n]:8.1f} us {pct[n]:5.0f}%  spread {100 * spread[n]:.0f}%",
+              flush=True)
+    return {**facts, "us": med, "spread": spread, "pct_copy": pct}
+
+
 def measure(shapes, variants_for, wrong, name: str, only=()) -> None:
     """Each shape's variants (variants_for(x)) checked (wrong(variants, ref)) and timed in
     turns; a table per shape, and JSON under $OUT as <name>.json (also probe_softmax_last's)."""
@@ -482,17 +495,10 @@ def measure(shapes, variants_for, wrong, name: str, only=()) -> None:
         ref = torch.softmax(x.float(), -1)
         variants = variants_for(x)
         bad = wrong(variants, ref)
-        times = in_turns(variants, rep=25)
-        traffic = 2 * x.numel() * x.element_size()
-        med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
-        spread = {n: (max(t) - min(t)) / statistics.median(t) for n, t in times.items()}
-        pct = {n: 100 * traffic / (t * 1e-6) / (copy_bw * 1e12) for n, t in med.items()}
-        results.append({"shape": list(shape), "dtype": str(dtype), "us": med, "spread": spread,
-                        "pct_copy": pct, "bad": bad})
-        print(f"{shape} {str(dtype)[6:]}: bad {bad}", flush=True)
-        for n in sorted(med, key=med.get):
-            print(f"    {n:24s} {med[n]:8.1f} us {pct[n]:5.0f}%  spread {100 * spread[n]:.0f}%",
-                  flush=True)
+        times = {n: [ms * 1e3 for ms in t] for n, t in in_turns(variants, rep=25).items()}
+        results.append(summary(times, 2 * x.numel() * x.element_size(), copy_bw,
+                               f"{shape} {str(dtype)[6:]}", shape=list(shape), dtype=str(dtype),
+                               bad=bad))
         del x, ref, variants
         torch.cuda.empty_cache()
     with open(os.path.join(out, f"{name}.json"), "w") as f:
