@@ -8,7 +8,9 @@
     opselect.stats()                           calls per op, and the backends that ran
 
 Routed: torch.isin; torch.topk and Tensor.topk; torch.softmax, torch.nn.functional.softmax,
-Tensor.softmax, torch.special.softmax and the same forms of log_softmax; and the copy of a permuted
+Tensor.softmax, torch.special.softmax and the same forms of log_softmax; F.cross_entropy (and
+nn.CrossEntropyLoss) with class indices, as op log_softmax (its log_softmax through opselect,
+then torch's nll_loss, as torch composes it); and the copy of a permuted
 view: x.permute(...).contiguous(), x.transpose(a, b).contiguous(), and x.reshape(...) (or
 torch.reshape) of such a view where the reshape has to copy. Calls opselect does not take (a
 tensor subclass, an out= argument, a named dim, an implicit softmax dim, a view with gaps, a
@@ -23,7 +25,7 @@ untouched. Their entry points are installed only once some thread routes them (O
 a program that does not ask for them pays nothing on its products.
 
 How: while some thread has routing on, those entry points (the attributes of torch,
-torch.special, torch.nn.functional and torch.Tensor named above, 19 in all) are replaced by thin
+torch.special, torch.nn.functional and torch.Tensor named above, 20 in all) are replaced by thin
 wrappers that keep the original objects. A wrapper reads this thread's routing (a
 threading.local), checks that the call is one opselect takes, and runs opselect's op; anything
 else goes to the saved original. Every other torch call and tensor attribute is untouched and

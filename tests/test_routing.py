@@ -52,6 +52,12 @@ FORMS = [
     ("log_softmax", lambda x: F.log_softmax(x, dim=0), lambda: (_x(6, 40),)),
     ("log_softmax", lambda x: x.log_softmax(dim=0), lambda: (_x(6, 40),)),
     ("log_softmax", lambda x: torch.special.log_softmax(x, 0), lambda: (_x(6, 40),)),
+    # a language model's loss: log_softmax over the class dim (dim 1), then nll_loss
+    ("log_softmax", lambda x, t: F.cross_entropy(x, t), lambda: (_x(2, 40, 3), _ints(2, 3))),
+    ("log_softmax", lambda x, t: F.cross_entropy(x, t, None, None, 7, None, "none"),
+     lambda: (_x(2, 40, 3), _ints(2, 3))),
+    ("log_softmax", lambda x, t, w: torch.nn.CrossEntropyLoss(w, reduction="sum")(x, t),
+     lambda: (_x(2, 40, 3), _ints(2, 3), _x(40, seed=2).abs())),
     ("topk", lambda x: torch.topk(x, 5), lambda: (_x(6, 40),)),
     ("topk", lambda x: torch.topk(x, 5, dim=0, largest=False), lambda: (_x(40, 6),)),
     ("topk", lambda x: x.topk(3, -1, True, True), lambda: (_x(6, 40),)),
@@ -117,6 +123,13 @@ PASSED = [
      .reshape(2, 6, 3, 4)),
     ("contiguous of an expanded view", lambda: _x(3, 1).expand(3, 4).contiguous()),
     ("contiguous of an empty transposed view", lambda: _x(0, 5).t().contiguous()),
+    ("cross_entropy with label smoothing",
+     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), label_smoothing=0.1)),
+    ("cross_entropy of probabilities", lambda: F.cross_entropy(_x(4, 5), torch.full((4, 5), 0.2))),
+    ("cross_entropy of int32 classes",
+     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5).int())),
+    ("cross_entropy with size_average",
+     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), size_average=False)),
 ]
 
 
@@ -265,6 +278,29 @@ def test_autograd_through_routed_softmax(cpu_triton):
         (F.softmax(x, dim=-1) * g).sum().backward()
     torch.testing.assert_close(x.grad, want)
     assert calls("softmax") == {"fused": 1}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_through_the_routed_log_softmax(cpu_triton, reduction):
+    """F.cross_entropy over rows (N, C) and one unbatched row (C,): opselect's log_softmax (a
+    forced fused, whose backward is the library's) then torch's nll_loss; the loss and the
+    gradient as torch's, with weights and an ignored class. Once each: no recursion."""
+    for shape, target_shape in (((6, 40), (6,)), ((40,), ())):
+        x = _x(*shape).requires_grad_()
+        t = _ints(*target_shape, high=40) if target_shape else torch.tensor(5)
+        if target_shape:
+            t[0] = 3  # the ignored class
+        w = _x(40, seed=3).abs()
+        kwargs = dict(weight=w, ignore_index=3, reduction=reduction)
+        want = F.cross_entropy(x, t, **kwargs)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        opselect.reset_stats()
+        with opselect.enabled(backends={"log_softmax": "fused"}):
+            got = F.cross_entropy(x, t, **kwargs)
+        (got_grad,) = torch.autograd.grad(got.sum(), x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+        assert calls("log_softmax") == {"fused": 1}, (shape, opselect.stats())
 
 
 def every_torch_op(x, a, b, m):
@@ -594,3 +630,29 @@ def test_routed_copy_of_a_view_keeps_autograd(cpu_triton, form, parameter, force
     torch.testing.assert_close(leaf.grad, reference.grad)
     assert sum(calls("permute").values()) == 2
     assert list(calls("permute")) == ([FORCED["permute"]] if forced else ["torch"])
+
+
+@pytest.mark.gpu
+def test_gpu_cross_entropy_over_a_vocabulary(cuda):
+    """A language model's loss on real sizes (float32 logits, as Hugging Face's loss upcasts
+    them; bfloat16; targets with ignored tokens): the routed log_softmax runs a Triton backend
+    forward and backward, and the loss and the gradient are torch's. (Sizes whose cold choice is
+    a Triton backend on the H200: 512 bfloat16 rows of 50257 are host-bound, torch's.)"""
+    for tokens, vocab, dtype in ((1024, 32000, torch.float32), (2048, 50257, torch.bfloat16)):
+        torch.manual_seed(vocab)
+        logits = (torch.randn(tokens, vocab, device=cuda) * 2).to(dtype)
+        target = torch.randint(0, vocab, (tokens,), device=cuda)
+        target[::7] = -100
+        x = logits.detach().requires_grad_()
+        want = F.cross_entropy(x, target)
+        (want_grad,) = torch.autograd.grad(want, x)
+        opselect.reset_stats()
+        with opselect.enabled():
+            got = F.cross_entropy(x, target)
+        (got_grad,) = torch.autograd.grad(got, x)
+        # (bfloat16: the two log_softmaxes may round an element a unit apart)
+        rtol, atol = (1e-4, 1e-10) if dtype == torch.float32 else (2e-2, 1e-8)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+        torch.testing.assert_close(got_grad, want_grad, rtol=rtol, atol=atol)
+        ran = calls("log_softmax")
+        assert sum(ran.values()) == 1 and "torch" not in ran, (tokens, vocab, ran)

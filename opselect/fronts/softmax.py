@@ -367,6 +367,45 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
     return handler
 
 
+_CROSS_ENTROPY_KW = frozenset(("input", "target", "weight", "size_average", "ignore_index",
+                               "reduce", "reduction", "label_smoothing"))
+_LOG_SOFTMAX_ROWS = _softmax_handler(True, False)  # torch.log_softmax(input, dim)'s
+
+
+def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
+    """F.cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+    reduce=None, reduction="mean", label_smoothing=0.0) (nn.CrossEntropyLoss; a language model's
+    loss over its vocabulary) with class indices and no label smoothing: log_softmax over the
+    class dim through opselect (its forward and, under autograd, its backward: the long rows of
+    a vocabulary), then torch's nll_loss, which is what torch's own cross_entropy composes for
+    such a call. Anything else (probabilities as the target, label smoothing, the legacy
+    size_average / reduce) is torch's, and so is a call whose log_softmax is (by its size: the
+    log_softmax handler's shortcut, checked first here; or by its route)."""
+    n = len(args)
+    x = args[0] if n else kwargs.get("input")
+    target = args[1] if n > 1 else kwargs.get("target")
+    if type(x) is not _TENSOR or type(target) is not _TENSOR or x.dim() == 0:
+        return PASS
+    classes = x.shape[1 if x.dim() > 1 else 0]
+    if x.is_cuda and x.numel() <= _ROWS_NUMEL and classes <= _ROWS_LENGTH and \
+            not _tuning_state.active:
+        return PASS  # (and torch's single call costs less host time than two)
+    if n > 8 or not kwargs.keys() <= _CROSS_ENTROPY_KW or target.dtype != torch.int64:
+        return PASS
+    weight = args[2] if n > 2 else kwargs.get("weight")
+    legacy = (args[3] if n > 3 else kwargs.get("size_average"),
+              args[5] if n > 5 else kwargs.get("reduce"))
+    ignore_index = args[4] if n > 4 else kwargs.get("ignore_index", -100)
+    reduction = args[6] if n > 6 else kwargs.get("reduction", "mean")
+    smoothing = args[7] if n > 7 else kwargs.get("label_smoothing", 0.0)
+    if legacy != (None, None) or smoothing != 0.0 or _tracing(x):
+        return PASS  # (traced: inductor fuses its own; Dynamo traces torch's function)
+    logp = _LOG_SOFTMAX_ROWS(router, (x, 1 if x.dim() > 1 else 0), {})
+    if logp is PASS:
+        return PASS
+    return F.nll_loss(logp, target, weight, None, ignore_index, None, reduction)
+
+
 ENTRY_POINTS = [
     # (op, owner, attribute, handler, whether the original is Python that calls another entry
     # point, whether it copies a view (the layout entries: contiguous, reshape))
@@ -378,4 +417,5 @@ ENTRY_POINTS = [
     ("log_softmax", torch.special, "log_softmax", _softmax_handler(True, False), False, False),
     ("log_softmax", torch.Tensor, "log_softmax", _softmax_handler(True, False), False, False),
     ("log_softmax", F, "log_softmax", _softmax_handler(True, True), True, False),
+    ("log_softmax", F, "cross_entropy", _cross_entropy, False, False),
 ]
