@@ -130,6 +130,8 @@ PASSED = [
      lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5).int())),
     ("cross_entropy with size_average",
      lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), size_average=False)),
+    ("cross_entropy with a float ignore_index",  # (torch's error, naming its function)
+     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), ignore_index=1.5)),
 ]
 
 

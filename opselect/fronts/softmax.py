@@ -398,8 +398,9 @@ def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     ignore_index = args[4] if n > 4 else kwargs.get("ignore_index", -100)
     reduction = args[6] if n > 6 else kwargs.get("reduction", "mean")
     smoothing = args[7] if n > 7 else kwargs.get("label_smoothing", 0.0)
-    if legacy != (None, None) or smoothing != 0.0 or _tracing(x):
-        return PASS  # (traced: inductor fuses its own; Dynamo traces torch's function)
+    if (legacy != (None, None) or smoothing != 0.0 or type(ignore_index) is not int
+            or type(reduction) is not str or _tracing(x)):
+        return PASS  # (torch's own errors; traced: inductor fuses its own)
     logp = _LOG_SOFTMAX_ROWS(router, (x, 1 if x.dim() > 1 else 0), {})
     if logp is PASS:
         return PASS
