@@ -12,9 +12,13 @@ of a transposed view, a permute):
 Phases: `forward` of --tokens tokens (128), `forward-long` of 2,048 tokens (batches 1 and 8), and
 one decode step with sampling as generate(do_sample=True) does it (transformers' own
 TopKLogitsWarper, k = 50 / TopPLogitsWarper, p = 0.9, then softmax and multinomial):
-`decode-topk`, `decode-topp`. A decode step runs one token against a static KV cache
-(transformers' StaticCache, as compiled generation uses) of --tokens tokens, at a fixed cache
-position, so every call does the same work and CUDA graphs can capture it.
+`decode-topk`, `decode-topp`; and `train`, a training step's forward with labels (Hugging Face's
+loss: the logits upcast to float32, F.cross_entropy) and backward, of 2,048 tokens (batches 1 and
+8; GPT-2 only: an 8B model's gradients and activations at 8 x 2,048 tokens do not fit one GPU;
+the model stays in eval mode, no dropout, no optimizer step). A decode step runs one token
+against a static KV cache (transformers' StaticCache, as compiled generation uses) of --tokens
+tokens, at a fixed cache position, so every call does the same work and CUDA graphs can capture
+it.
 
 Modes: `eager`; `compile` (torch.compile, inductor's default mode); `reduce-overhead`
 (torch.compile(mode="reduce-overhead"): CUDA graphs).
@@ -53,7 +57,7 @@ from harness import RESULTS, gpu_slug  # noqa: E402
 import opselect  # noqa: E402
 
 MODELS = ("gpt2", "llama3-8b")
-PHASES = ("forward", "forward-long", "decode-topk", "decode-topp")
+PHASES = ("forward", "forward-long", "decode-topk", "decode-topp", "train")
 MODES = ("eager", "compile", "reduce-overhead")
 LONG_TOKENS = 2048
 LONG_BATCHES = (1, 8)
@@ -124,8 +128,16 @@ def workload(model, phase: str, batch: int, tokens: int, device: torch.device):
     """A function of no arguments doing one call of the phase, the same work every time."""
     vocab = model.config.vocab_size
     gen = torch.Generator(device=device).manual_seed(0)
-    length = LONG_TOKENS if phase == "forward-long" else tokens
+    length = LONG_TOKENS if phase in ("forward-long", "train") else tokens
     ids = torch.randint(3, vocab, (batch, length), device=device, generator=gen)
+    if phase == "train":
+        def train():
+            model.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            return loss
+
+        return train
     if phase.startswith("forward"):
         def forward():
             with torch.no_grad():
@@ -240,8 +252,10 @@ def cells(args) -> list[tuple[str, int, str, str]]:
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for phase in args.phases.split(","):
-                if phase == "forward-long" and batch not in LONG_BATCHES:
+                if phase in ("forward-long", "train") and batch not in LONG_BATCHES:
                     continue
+                if phase == "train" and model != "gpt2" and not args.smoke:
+                    continue  # (the module docstring says why)
                 for mode in args.modes.split(","):
                     out.append((model, batch, phase, mode))
     return out
