@@ -20,7 +20,8 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(CPU_ENV) $(VENV)/bin/opselect demo
 
-# The quick suite (every backend of every op through the interpreter; a few minutes on two cores).
+# The quick suite (every backend of every op through the interpreter; at most 5 minutes on two
+# cores: a test that takes more than about 3 s there is marked slow and runs in test-slow).
 test: $(VENV)/.installed
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m "not slow" tests
 

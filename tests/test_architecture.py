@@ -475,6 +475,7 @@ def _edit_function(root: Path, function: str) -> str:
     raise AssertionError(f"no function {function} in the copy")
 
 
+@pytest.mark.slow
 def test_editing_a_shared_helper_rehashes_exactly_its_users(tmp_path):
     # topk's _key_limits is called by the radix, tournament, maxima and argmax kernels, not by
     # bitonic's (and torch / sort run no kernels): an edit must re-measure those four and
@@ -488,6 +489,7 @@ def test_editing_a_shared_helper_rehashes_exactly_its_users(tmp_path):
         where, changed)
 
 
+@pytest.mark.slow
 def test_hashes_are_the_same_in_every_process_and_follow_switches(tmp_path):
     root = _copy_package(tmp_path)
     first, second = _hashes_of(root), _hashes_of(root)

@@ -238,6 +238,7 @@ def test_bench_matmul_reports_throughput_and_targets(tmp_path, cpu_triton):
         assert (tmp_path / "matmul.png").read_bytes().startswith(PNG)
 
 
+@pytest.mark.slow
 def test_harness_writes_the_chart_beside_the_table(tmp_path, cpu_triton):
     """A benchmark's run writes <op>.png next to <op>.md under $OUT (torch only, to be quick)."""
     pytest.importorskip("matplotlib")
@@ -319,6 +320,7 @@ def test_bench_random_in_parts_measures_the_same_calls(tmp_path, cpu_triton):
                                                                   "2.11.0+cu130")
 
 
+@pytest.mark.slow
 def test_bench_random_fit_is_robust_to_few_and_odd_rows(tmp_path):
     """The fit's scale of a backend is the median ratio of measured to predicted time, pulled
     toward 1 where the rows are few: one odd row (a tie-heavy call, a noisy timing) does not set

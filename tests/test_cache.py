@@ -101,6 +101,7 @@ def test_two_processes_share_the_cache(isolated_cache):
     assert chosen_first[1] == chosen_second[1]
 
 
+@pytest.mark.slow
 def test_corrupt_cache_file_warns_once_and_falls_back(isolated_cache, cpu_triton, fake_measure):
     isolated_cache.mkdir(parents=True, exist_ok=True)
     (isolated_cache / FILE_NAME).write_bytes(b"this is not a sqlite database" * 100)
@@ -170,6 +171,7 @@ def test_stale_fingerprint_is_ignored(cpu_triton, fake_measure):
     assert d.source == "model" and d.candidate("torch").measured_s is None
 
 
+@pytest.mark.slow
 def test_locked_database_warns_and_falls_back(cpu_triton, fake_measure, caplog):
     caplog.set_level(logging.INFO, logger="opselect")
     a, b = tuned_cache()
@@ -231,6 +233,7 @@ def test_export_import_roundtrip(tmp_path, cpu_triton, fake_measure, monkeypatch
     assert opselect.explain("isin", a, b, show=False).source == "cache"
 
 
+@pytest.mark.slow
 def test_concurrent_writers_keep_both_timings(isolated_cache):
     """Two processes measuring different backends of one key: the record keeps both."""
     script = textwrap.dedent("""

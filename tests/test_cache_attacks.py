@@ -109,6 +109,7 @@ def _planted_store(directory: Path, key: str, text: str) -> None:
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_link_flipped_while_the_cache_opens_is_never_followed(shared_tmp, tmp_path):
     """The other user flips its link between root's cache and a directory of planted rows, as
     fast as it can, while root opens the cache again and again for a bounded time: no open
@@ -371,6 +372,7 @@ def test_a_config_the_backend_does_not_offer_is_never_run(isolated_cache, cpu_tr
     assert torch.equal(ops.isin(a, b), torch.isin(a, b))
 
 
+@pytest.mark.slow
 def test_command_line_warnings_are_one_line(tmp_path):
     """A warning at the command line is its text on one line, not Python's source line too."""
     loose = tmp_path / "loose-cache"

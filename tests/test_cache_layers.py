@@ -42,6 +42,7 @@ def _tune_into(directory, monkeypatch):
     opselect.forget()
 
 
+@pytest.mark.slow
 def test_read_only_layer_directory_serves_records(tmp_path, monkeypatch, cpu_triton,
                                                   fake_measure):
     shipped = tmp_path / "shipped"
@@ -213,6 +214,7 @@ def fake_measure_all(monkeypatch):
     fake_timing(monkeypatch, lambda what: times.get(what.split("/")[1].split()[0], 5e-3))
 
 
+@pytest.mark.slow
 def test_record_warm_freeze_round_trip(tmp_path, capsys, cpu_triton, fake_measure_all):
     spec = tmp_path / "calls.json"
     opselect.record(spec)
@@ -246,6 +248,7 @@ def test_record_warm_freeze_round_trip(tmp_path, capsys, cpu_triton, fake_measur
     assert store().count_records() == 4  # freeze wrote nothing
 
 
+@pytest.mark.slow
 def test_freeze_from_the_environment(tmp_path, cpu_triton):
     code = ("import os, torch, opselect\n"
             "from opselect import ops\n"

@@ -344,6 +344,7 @@ READ_ONLY_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_directory_one_cannot_write_is_read_only(tmp_path, cpu_triton, fake_measure,
                                                    monkeypatch):
     """A trusted directory this user cannot write: its records are served, nothing is written

@@ -46,6 +46,7 @@ def test_help_reads_well(sub, capsys):
             assert cmd in text
 
 
+@pytest.mark.slow
 def test_warm_from_spec_files_then_show_export_import_clear(tmp_path, capsys, cpu_triton,
                                                             fake_measure, monkeypatch):
     spec_yaml = tmp_path / "spec.yaml"

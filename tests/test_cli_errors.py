@@ -132,6 +132,7 @@ def test_debug_shows_the_traceback(capsys):
         main(["--debug", "warm", "/nonexistent.yaml"])
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_warm_exits_130_and_keeps_what_finished(tmp_path):
     """SIGINT to `opselect warm` after its first record: exit 130, finished records kept."""
     spec = tmp_path / "spec.yaml"

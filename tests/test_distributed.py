@@ -90,6 +90,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_submodules_are_attributes_imported_on_first_access(tmp_path):
     """`import opselect; opselect.distributed.assert_consistent(...)` works without an import of
     opselect.distributed, and `import opselect` itself imports neither it nor torch.distributed

@@ -256,6 +256,7 @@ def _negated(t: torch.Tensor, strided: bool = False) -> torch.Tensor:
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("case", ["isin elements", "isin test", "topk", "softmax",
                                   "log_softmax", "permute"])
+@pytest.mark.slow
 def test_lazy_negative_views_are_read_as_their_values(device, case, strided):
     # The kernels read memory, where a negative view keeps its values un-negated: every backend
     # once answered for the un-negated values. Each call runs twice: the second takes the

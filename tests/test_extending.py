@@ -53,6 +53,7 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(_common, "POISON", float("nan"))
 
 
+@pytest.mark.slow
 def test_the_example_runs_as_a_program(cpu_triton, tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", OPSELECT_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, str(EXAMPLES / "vector_add.py")], env=env,
@@ -102,6 +103,7 @@ def test_explain_lists_every_backend(cpu_triton, vector_add):
     assert opselect.explain("vector_add", a, a, backend="plain", show=False).choice == "plain"
 
 
+@pytest.mark.slow
 def test_tuning_records_the_user_op(cpu_triton, vector_add, isolated_cache):
     from opselect.tune_cache import store
 
@@ -210,6 +212,7 @@ def test_a_backend_without_a_cost_is_left_to_tuning(cpu_triton, broadcast):
         opselect.remove_backend("isin", "unpriced")
 
 
+@pytest.mark.slow
 def test_tuning_measures_a_backend_added_to_isin(cpu_triton, broadcast, isolated_cache):
     """Tuning's first runs happen in a helper process, which imports the plug-in's module too
     (it would otherwise lack the backend, and rank it as failed)."""

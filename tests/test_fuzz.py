@@ -253,6 +253,7 @@ def _run_isin(elements, test, invert):
 
 @pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.slow])],
                          ids=["interpreter", "cuda"])
+@pytest.mark.slow
 def test_isin_matches_torch(gpu):
     _device(gpu)
 

@@ -95,6 +95,7 @@ def test_random_against_torch(cpu_triton, backend, dtype):
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.slow
 def test_float_specials(cpu_triton, backend):
     if backend == "bitmap":
         pytest.skip("integers only")
@@ -174,6 +175,7 @@ def colliding_keys(count: int, log_t: int, key_bits: int, start: int = 0) -> lis
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.slow
 def test_cuckoo_stash_takes_what_the_table_cannot(cpu_triton, dtype):
     """Five keys with the same two slots: two fit, the kick chains end after MAX_KICKS rounds and
     three go to the stash, which every lookup scans. The table is read back to see that the
@@ -310,6 +312,7 @@ def _on_chip_home(keys: torch.Tensor, log_t: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("cluster", [5, 16, 17, 30])
+@pytest.mark.slow
 def test_on_chip_lookups_reach_the_farthest_key(cpu_triton, dtype, cluster):
     """Test values that share one home slot fill `cluster` slots from it. On-chip lookups read up
     to 16 slots with no search loop when the table's farthest key is within them (cluster <= 16)
@@ -339,6 +342,7 @@ def test_on_chip_lookups_reach_the_farthest_key(cpu_triton, dtype, cluster):
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.slow
 def test_every_config(cpu_triton, backend):
     """Forcing a backend runs its first config only; tuning may pick any of them. Test sets on
     both sides of compare's unrolled limit (64) and of a power of two."""
@@ -568,6 +572,7 @@ def _plain_key(elements, test, flags):
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.slow
 def test_prepared_call_answers_every_input_of_its_key(cpu_triton, backend):
     """bind(call) once, then the prepared call on fresh inputs of the call's plain key (other
     values, other storage): torch.isin's answer each time, into a new tensor and into a

@@ -27,6 +27,7 @@ def _fresh_helper():
     isolation.shutdown()
 
 
+@pytest.mark.slow
 def test_a_crashing_candidate_is_ranked_last_and_the_process_lives():
     op = get_op(isolation_ops.NAME)
     x = torch.randn(5, 3)
@@ -51,12 +52,14 @@ def test_a_crashing_candidate_is_ranked_last_and_the_process_lives():
         assert torch.equal(op(torch.ones(2)), torch.full((2,), 2.0))
 
 
+@pytest.mark.slow
 def test_warm_of_a_crashing_candidate_exits_normally(capsys):
     assert main(["warm", "--op", isolation_ops.NAME, "--shapes", "6"]) == 0
     out = capsys.readouterr()
     assert isolation_ops.NAME in out.out and "Traceback" not in out.err
 
 
+@pytest.mark.slow
 def test_every_config_gets_pristine_inputs_sent_once():
     """A call's configs share one copy of its inputs in the helper (sent once), yet each runs on
     fresh tensors, and a candidate flooding fd 1 does not corrupt or block the replies."""
@@ -176,6 +179,7 @@ def test_a_package_planted_in_the_working_directory_never_runs(tmp_path, monkeyp
     assert not marker.exists(), marker.read_text()
 
 
+@pytest.mark.slow
 def test_the_helper_runs_isolated_in_a_private_directory(tmp_path, monkeypatch):
     report = tmp_path / "report.json"
     monkeypatch.setenv("OPSELECT_TEST_REPORT", str(report))
@@ -195,6 +199,7 @@ def test_the_helper_runs_isolated_in_a_private_directory(tmp_path, monkeypatch):
     assert not os.path.exists(seen["cwd"])  # removed with the helper
 
 
+@pytest.mark.slow
 def test_a_request_names_an_op_never_a_module(monkeypatch):
     """The helper imports the modules it was started with; a request for an op it does not have
     is refused there (and such an op's first runs happen in the caller's process)."""

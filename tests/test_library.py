@@ -83,6 +83,7 @@ SAMPLES = opcheck_samples()
 
 
 @pytest.mark.parametrize("index", range(len(SAMPLES)), ids=[s[0] for s in SAMPLES])
+@pytest.mark.slow
 def test_opcheck(cpu_triton, index):
     _, op, args = SAMPLES[index]
     result = torch.library.opcheck(op, args)
@@ -176,6 +177,7 @@ def assert_same(got, want):
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("fn", [every_op, every_op_forced], ids=["auto", "forced"])
+@pytest.mark.slow
 def test_compile_fullgraph(cpu_triton, backend, fn):
     torch._dynamo.reset()
     args = every_op_inputs()
@@ -193,6 +195,7 @@ def test_explain_no_graph_break(cpu_triton, fn):
     assert explained.graph_count == 1
 
 
+@pytest.mark.slow
 def test_dynamic_no_recompile(cpu_triton):
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("aot_eager")
@@ -203,6 +206,7 @@ def test_dynamic_no_recompile(cpu_triton):
     assert counter.frame_count == 1
 
 
+@pytest.mark.slow
 def test_inductor_cpu(cpu_triton):
     """inductor itself (a C++ compiler generates the CPU kernels around the opaque ops)."""
     torch._dynamo.reset()

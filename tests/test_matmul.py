@@ -455,6 +455,7 @@ def spy_splitk(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("split", [3, 5, 40])
+@pytest.mark.slow
 def test_splitk_every_split(cpu_triton, monkeypatch, split):
     """Any split: chunks of whole block_k steps, the last one shorter (k = 1000), a split past
     k's steps clamped to one step a chunk (no empty chunk), several tiles and a batch; the
@@ -482,6 +483,7 @@ def test_splitk_every_split(cpu_triton, monkeypatch, split):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d)[6:])
+@pytest.mark.slow
 def test_splitk_offers_several_splits_and_each_is_right(cpu_triton, dtype):
     """Planned for a 16-SM GPU, a decode product gets several splits (about two programs per
     SM, halved and doubled): every split offered answers right, rounded once."""
@@ -514,6 +516,7 @@ def test_splitk_prepared_call_is_deterministic_and_resets_counters(cpu_triton):
 # plans: the grouped tile order, 64-bit offsets
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["tiled", "persistent"])
+@pytest.mark.slow
 def test_grouped_order_with_a_partial_group(cpu_triton, backend):
     """group_m row blocks a group, the last group shorter: every tile is computed once."""
     torch.manual_seed(14)

@@ -429,6 +429,7 @@ print(seen)
 """
 
 
+@pytest.mark.slow
 def test_tf32_follows_both_of_torchs_switches():
     """tf32 as torch's float32 matmuls read it, set the legacy way or through the new
     fp32_precision switch (after which torch's legacy getter raises: reading it failed every

@@ -635,6 +635,7 @@ def test_enable_routes_gpt2(cpu_triton, forced):
     assert stats["matmul"]["backends"] == {name: 4}, stats
 
 
+@pytest.mark.slow
 def test_compiled_gpt2_under_enable(cpu_triton):
     model = _tiny_gpt2()
     ids = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(3))

@@ -39,6 +39,7 @@ def run(model, ids, new_tokens: int, seed: int = 1):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.slow
 def test_tiny_model_same_logits_and_tokens(cpu_triton, kind):
     torch.manual_seed(0)
     model = tiny(kind).eval()
@@ -73,6 +74,7 @@ def test_tiny_model_auto(cpu_triton):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.slow
 def test_tiny_model_compiled_fullgraph(cpu_triton, kind):
     """The whole model compiles as one graph under enable(), with opselect's kernels in it."""
     torch.manual_seed(0)

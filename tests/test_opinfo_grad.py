@@ -53,6 +53,7 @@ def _with(fn, args, kwargs, backend):
 
 @pytest.mark.parametrize("info", INFOS, ids=_id)
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.slow
 def test_gradcheck_every_backend(info, device):
     """gradcheck with the OpInfo's own switches: forward AD, batched grads and batched forward
     grads, in float64, for auto and each backend that takes the sample."""

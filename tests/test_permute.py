@@ -227,6 +227,7 @@ def test_layouts(cpu_triton, layout):
             check_all(make_input(shape, dtype, layout, cpu_triton, seed=3), dims)
 
 
+@pytest.mark.slow
 def test_tiled_batch_dims(cpu_triton, monkeypatch):
     """Groups of one dim each, so up to 6 dims go to the batch index."""
     monkeypatch.setattr(P_tiled, "GROUP_TARGET", 2)
@@ -645,6 +646,7 @@ PREPARED_CASES = (((5, 12), (1, 0)), ((3, 4, 6), (1, 0, 2)), ((4, 6, 2), (1, 0, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_prepared_call_answers_every_input_of_its_key(cpu_triton, backend):
     """bind() of a plain call gives a function that permutes any input of the call's plain key
     (new values, new storage) into a new contiguous tensor: contiguous inputs, misaligned slices

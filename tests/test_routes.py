@@ -57,6 +57,7 @@ def _pair(m=300, n=20, seed=0):
             torch.randint(-50, 50, (n,), generator=gen))
 
 
+@pytest.mark.slow
 def test_settled_torch_choice_routes_later_calls_to_torch(cpu_triton, monkeypatch):
     op = get_op("isin")
     a, b = _tuned_pair(monkeypatch, "torch")

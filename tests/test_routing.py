@@ -312,6 +312,7 @@ def every_torch_op(x, a, b, m):
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.slow
 def test_compiled_under_enable(cpu_triton, backend):
     args = (_x(6, 40), _ints(100), _ints(20, seed=1), _x(2, 3, 6, 5, seed=2))
     want = every_torch_op(*args)
@@ -411,6 +412,7 @@ def test_a_wrapper_replaced_by_someone_else_is_left_in_place():
         torch.isin = original
 
 
+@pytest.mark.slow
 def test_enable_before_dynamo_is_imported(tmp_path):
     """Dynamo builds its tables of torch's functions by name when it is first imported: enable()
     imports it first, so a compiled function still finds torch's own functions (an explicit

@@ -78,6 +78,7 @@ def _h200_model_on_the_cpu(monkeypatch):
     return info
 
 
+@pytest.mark.slow
 def test_cold_choice_depends_on_the_call_not_on_the_order(cpu_triton, monkeypatch):
     """Two isin calls in one shape bucket on which the model disagrees (8318 elements against
     test sets of 400 and 510: compare, then cuckoo, on an H200's constants): each gets its own
@@ -173,6 +174,7 @@ def test_cold_memo_stays_bounded(cpu_triton, monkeypatch):
         assert op.chosen(op.prepare(elements, test)) is not None
 
 
+@pytest.mark.slow
 def test_candidates_are_timed_through_the_public_function(cpu_triton):
     """Stage 2 times each candidate as the program will run it: the public function with the
     op's decisions pinned to that candidate (torch's op answered by the torch route, a Triton
@@ -237,6 +239,7 @@ def test_a_winner_back_to_back_that_loses_with_l2_flushed_is_not_chosen(cpu_trit
     assert others and all(c.measured_device_s < 1.0 for c in others)
 
 
+@pytest.mark.slow
 def test_settle_floors_device_time_by_the_same_call_flushed(cpu_triton, monkeypatch):
     """Stage 2 times each candidate's call with L2 flushed itself (the public path it times in
     turns, not stage 1's run(), whose binding on every call do_bench would count): every

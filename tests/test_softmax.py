@@ -172,6 +172,7 @@ def test_dtypes(cpu_triton, backend, dtype):
     {"block": 64, "num_warps": 4, "split": 40},   # more parts than needed: clamped
 ])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.slow
 def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
     grids = spy(monkeypatch, "_online_fwd_kernel", "_split_stats_kernel", "_split_norm_kernel")
     torch.manual_seed(3)
@@ -192,6 +193,7 @@ def test_online_chunked_and_split(cpu_triton, monkeypatch, config, log):
 
 @pytest.mark.parametrize("chunk", [256, 128])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.slow
 def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
     """Programs sharing a row. The interpreter runs programs one by one, so only the
     last program of a row finds its siblings arrived (it merges their statistics); the others give
@@ -214,6 +216,7 @@ def test_online_cooperative(cpu_triton, monkeypatch, chunk, log):
                    backend="online coop")
 
 
+@pytest.mark.slow
 def test_cooperative_counters_move_on_and_wrap(cpu_triton):
     """The arrival counters are never reset: each launch moves every row's counter on by the
     padded programs per row, and a row is complete at the next multiple of it. Five launches in
@@ -308,6 +311,7 @@ def _vector_of(backend, call, config) -> int:
 
 @pytest.mark.parametrize("log", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["softmax", "log_softmax"])  # (log_softmax's: make test-all)
+@pytest.mark.slow
 def test_rows_off_the_vector_grid(cpu_triton, log):
     """Packed rows whose length is no multiple of a 16-byte vector start off the grid; the
     multirow and cooperative kernels read them from their first whole vector on, with the head before it
@@ -366,6 +370,7 @@ def test_rows_off_the_vector_grid(cpu_triton, log):
     {"inner_block": 4, "tile": 32, "warp_scale": 1, "splits": 3},
     {"inner_block": 2, "tile": 1024, "warp_scale": 2, "splits": 8},  # 5 chunks of 8 rows
 ])
+@pytest.mark.slow
 def test_strided_configs(cpu_triton, config):
     torch.manual_seed(4)
     x = torch.randn(3, 37, 5) * 3
@@ -791,6 +796,7 @@ def test_backward(cpu_triton, backend, log):
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.slow
 def test_backward_paths(cpu_triton, monkeypatch, log):
     """The backward's own paths at small sizes: rows in two passes, split rows, strided chunks,
     a non-contiguous upstream gradient, and a widening dtype= (dx in the input's dtype)."""
@@ -853,6 +859,7 @@ def test_backward_paths(cpu_triton, monkeypatch, log):
     torch.testing.assert_close(got.double(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_gradcheck(cpu_triton):
     torch.manual_seed(11)
     for backend, shape, dim in (("fused", (2, 5), -1), ("strided", (2, 3, 2), 1)):
@@ -861,6 +868,7 @@ def test_gradcheck(cpu_triton):
             assert torch.autograd.gradcheck(lambda t: fn(log)(t, dim, backend=backend), (x,))
 
 
+@pytest.mark.slow
 def test_double_backward(cpu_triton):
     """create_graph=True: the backward is built from differentiable ops."""
     torch.manual_seed(12)

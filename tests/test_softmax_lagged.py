@@ -45,6 +45,7 @@ def special_rows(rows: int, n: int, dtype) -> torch.Tensor:
 ])
 @pytest.mark.parametrize("log", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["softmax", "log_softmax"])
+@pytest.mark.slow
 def test_lagged_matches_torch(cpu_triton, monkeypatch, config, log):
     """Aligned rows (float32 and bfloat16 of 600) and rows off the 16-byte grid (float16 of 601,
     float32 of 597: the head before the first whole vector and the tail past the last),
@@ -71,6 +72,7 @@ def test_lagged_matches_torch(cpu_triton, monkeypatch, config, log):
         assert grids["_lagged_fwd_kernel"][-1] == ((rows + lag_rows) * split,)
 
 
+@pytest.mark.slow
 def test_lagged_tags_move_on_and_wrap(cpu_triton):
     """Every slot's tag moves on by one a launch (mod 4), whatever it started from: six
     launches on the same slots, each right, each leaving every slot at its old tag + 1."""
@@ -282,6 +284,7 @@ def lagged_backward_of(y, g, log, shape, dx_dtype=None):
     ids=["lag 1", "lag 20", "lag past the rows"])
 @pytest.mark.parametrize("log", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["softmax", "log_softmax"])
+@pytest.mark.slow
 def test_lagged_backward_matches_torch(cpu_triton, monkeypatch, shape, log):
     """The lagged backward through autograd.backward (rows past BWD_SINGLE_MAX and the grid's
     minimum lowered): aligned rows, rows off the 16-byte grid in shifted vectors (float16 of
@@ -315,6 +318,7 @@ def test_lagged_backward_matches_torch(cpu_triton, monkeypatch, shape, log):
             assert grids["_lagged_bwd_kernel"][-1] == ((rows + lag_rows) * split,), what
 
 
+@pytest.mark.slow
 def test_lagged_backward_under_autograd(cpu_triton, monkeypatch):
     """A route's backward (ops.softmax under autograd, whichever backend ran the forward: its
     prepared backward kept in the route's memo) runs the lagged kernel on long rows, twice, as

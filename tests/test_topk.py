@@ -163,6 +163,7 @@ def test_all_equal_and_extremes(cpu_triton, backend):
 
 @pytest.mark.parametrize("backend", [  # tournament's in make test-all (make test's 5 minutes)
     b if b != "tournament" else pytest.param(b, marks=pytest.mark.slow) for b in BACKENDS])
+@pytest.mark.slow
 def test_each_dim_and_layout(cpu_triton, backend):
     x = torch.randn(3, 4, 5)
     for dim in (0, 1, 2, -1, -3):
@@ -276,6 +277,7 @@ def test_configs_under_old_names_are_measured_again_never_misread(cpu_triton, mo
         assert same_values(values, ref.values), name
 
 
+@pytest.mark.slow
 def test_radix_threshold_is_the_answer(cpu_triton):
     # Few distinct values: fewer than k keys exceed the threshold, at least k reach it, so the
     # k-th value is the threshold and the ties come from the tie buffer.
@@ -439,6 +441,7 @@ def configs_of(name: str, x: torch.Tensor, k: int) -> list[dict]:
     return K.OP.backend(name).configs(K.prepare(x, k))
 
 
+@pytest.mark.slow
 def test_tournament_shared_and_single_rows(cpu_triton):
     # Config 0 splits a row over programs (each keeps its chunk's winners, the last one merges
     # them); config 1 gives each row one program. Both stream several tiles per program.
@@ -492,6 +495,7 @@ def overflow_layouts(x: torch.Tensor, k: int, both: bool = True):
             yield layout
 
 
+@pytest.mark.slow
 def test_tournament_more_keys_reach_the_cut_than_it_packs(cpu_triton):
     # (the interpreter's first config is fused, its second apart: both layouts)
     rows = overflowing_rows()
@@ -514,6 +518,7 @@ def test_tournament_overflowing_rows_both_ends(cpu_triton):
             run_forced("tournament", rows[name].flip(-1), 8, layout, largest=False)
 
 
+@pytest.mark.slow
 def test_tournament_tied_maxima_take_a_bounded_hot_list(cpu_triton):
     # Three distinct values: every group's maximum is the top value, more groups than the hot
     # list holds. The groups above the cut and enough of the tied ones are taken (indices
@@ -541,6 +546,7 @@ def test_tournament_tied_maxima_smallest_and_unsorted(cpu_triton):
 @pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow),
                                pytest.param(8, marks=pytest.mark.slow),
                                pytest.param(40, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_tournament_cut_from_column_maxima(cpu_triton, k):
     # The least of the strided column maxima bounds the cut: random rows (k = 1 takes it with no
     # search), sorted rows both ways (the columns are strided, so each holds some of the top),
@@ -562,6 +568,7 @@ def test_tournament_cut_from_column_maxima(cpu_triton, k):
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow),
                                    pytest.param(torch.float16, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_tournament_group_maxima_of_special_values(cpu_triton, dtype):
     # Whole tiles take their group maxima as floats (NaN ranks first, so the max keeps it; the
     # smallest take the minimum past NaNs); ragged last tiles take them as keys. NaN, +-inf and
@@ -642,6 +649,7 @@ def test_maxima_writes_every_slot_its_second_launch_reads(cpu_triton, monkeypatc
             run_forced("maxima", x, k, config, largest=False)
 
 
+@pytest.mark.slow
 def test_maxima_configs_and_flags(cpu_triton):
     # One row over many programs in both launches; several rows; each config, both directions.
     x = torch.randn(1, 3000)
@@ -655,6 +663,7 @@ def test_maxima_configs_and_flags(cpu_triton):
     run_forced("maxima", torch.randn(3, 900), 30, configs_of("maxima", x, 30)[0], largest=False)
 
 
+@pytest.mark.slow
 def test_maxima_coop_ranking(cpu_triton):
     # The GPU's mode: the programs of a row wait for each other, then each ranks a share of the
     # candidates. The interpreter runs programs one after another, so only a row with one
@@ -711,6 +720,7 @@ def test_maxima_ties_at_the_cut(cpu_triton):
                configs_of("maxima", x, 40)[0])
 
 
+@pytest.mark.slow
 def test_maxima_64_bit_keys(cpu_triton):
     x = torch.randn(2, 2500, dtype=torch.float64)
     x[0, 100:120] = float("nan")
@@ -907,6 +917,7 @@ def test_radix_prepared_one_launch(cpu_triton, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["radix", "maxima"])
+@pytest.mark.slow
 def test_prepared_64_bit_keys_sort_after(cpu_triton, name):
     # The kernels leave 64-bit keys' winners unordered; torch.sort orders them, per call.
     prepared = bound(name, distinct((2, 2000), 0).double(), 25, largest=False)
@@ -916,6 +927,7 @@ def test_prepared_64_bit_keys_sort_after(cpu_triton, name):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.slow
 def test_forced_route_prepares_once(cpu_triton, monkeypatch, name):
     # The first forced call plans and binds; its route (Op.forced_routes) answers later calls of
     # the same plain key with new inputs: no plan made again (the memo is emptied to show it),
@@ -1479,6 +1491,7 @@ def test_negative_nans_are_the_largest_values_in_every_backend(cuda, dtype, bits
         assert torch.equal(x.gather(1, got.indices).isnan(), want.values.isnan()), backend
 
 
+@pytest.mark.slow
 def test_tournament_tickets_are_zero_again_after_each_call(cpu_triton):
     """A shared row's programs take tickets in the stream's workspace, kept between calls; the
     row's last program zeroes its ticket again. A prepared call run again on fresh inputs must

@@ -90,6 +90,7 @@ def test_argmax_integer_extremes(cpu_triton, poisoned, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+@pytest.mark.slow
 def test_argmax_rows_off_the_vector_grid_keep_their_neighbours_out(cpu_triton, poisoned, dtype):
     # Even rows hold the extreme value at their first and last elements; odd rows, read from
     # the vector their first element is in to the one their last is in, share those vectors
@@ -118,6 +119,7 @@ def test_argmax_parts_merge_to_the_row_answer(cpu_triton, poisoned):
         run_every_config(-row, largest=False)
 
 
+@pytest.mark.slow
 def test_argmax_layouts_and_dims(cpu_triton, poisoned):
     x = torch.randn(40, 6, 3)
     run_every_config(x, dim=0)  # rows of strided elements: a contiguous copy first
