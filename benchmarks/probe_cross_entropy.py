@@ -1,12 +1,14 @@
 """Probe (issue 35): a language model's loss, F.cross_entropy over its vocabulary, with enable()
-routing its log_softmax (forward and backward) against torch's own cross_entropy.
+routing it, against torch's own cross_entropy.
 
 Each case is the loss of a training step: logits (tokens x vocabulary, float32 as Hugging Face's
 loss upcasts them, or the model's bfloat16), int64 targets with some -100 (ignored), the loss and
 the gradient of the logits (torch.autograd.grad). Timed with do_bench (L2 flushed), the variants
-in turns, 3 rounds; the answers checked against torch's first. The routed call is what a user
-gets with no tuning (the cold model's choice), then after warm_call of its log_softmax (what
-`opselect warm` does).
+in turns, 3 rounds; the answers checked against torch's first. Variants: torch; the route's
+composed path (opselect's log_softmax forward and backward, then torch's nll_loss: what the route
+ran before the fused loss); the fused loss (kernels/softmax/cross_entropy.py); `clone`, a copy of
+the logits (one read and one write), the fused loss's floor being 1.5 of it (a read forward, a
+read and a write backward).
 
     python benchmarks/probe_cross_entropy.py       # on the GPU: a table, JSON under $OUT
 """
@@ -25,7 +27,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import opselect  # noqa: E402
-from opselect.warm import warm_call  # noqa: E402
+from opselect.fronts import softmax as softmax_front  # noqa: E402
 
 CASES = [  # (tokens, vocabulary, dtype): GPT-2 b8 x 1024, Llama 2 and 3, Qwen 2, a classifier
     (8192, 50257, torch.float32), (4096, 32000, torch.float32), (4096, 128256, torch.float32),
@@ -70,34 +72,35 @@ def main() -> None:
                 if name.startswith("routed"):
                     opselect.disable()
 
+        fused_takes = softmax_front._fused_loss_takes
+
+        def composed():
+            softmax_front._fused_loss_takes = lambda *a: False
+            try:
+                return step(logits, target)
+            finally:
+                softmax_front._fused_loss_takes = fused_takes
+
         opselect.reset_stats()
         with opselect.enabled(ops=["log_softmax"]):
             got_loss, got_grad = routed()
         backends = opselect.stats().get("log_softmax", {}).get("backends", {})
         loss_err = abs(got_loss.item() - want_loss.item()) / abs(want_loss.item())
         grad_err = (got_grad.float() - want_grad.float()).abs().max().item()
-        variants = {"torch": lambda: step(logits, target), "routed (cold)": routed}
+        variants = {"torch": lambda: step(logits, target), "routed composed": composed,
+                    "routed fused": routed, "clone": lambda: logits.clone()}
         times = {n: [] for n in variants}
         for _ in range(3):
             for n, fn in variants.items():
                 times[n].append(timed(n, fn))
-        # (the routed call: log_softmax over dim 1 of logits that require grad)
-        warm_call("log_softmax", (logits.detach().requires_grad_(),), {"dim": 1})
-        opselect.reset_stats()
-        with opselect.enabled(ops=["log_softmax"]):
-            routed()
-        warm_backends = opselect.stats().get("log_softmax", {}).get("backends", {})
-        times["routed (warm)"] = []
-        for _ in range(3):
-            for n, fn in (("torch", variants["torch"]), ("routed (warm)", routed)):
-                times[n].append(timed(n, fn))
         med = {n: statistics.median(t) for n, t in times.items()}
         spread = {n: (max(t) - min(t)) / statistics.median(t) for n, t in times.items()}
         row = {"tokens": tokens, "vocab": vocab, "dtype": str(dtype), "us": med,
-               "spread": spread, "cold": backends, "warm": warm_backends,
+               "spread": spread, "backends": backends,
+               "fused_pct_of_floor": 100 * 1.5 * med["clone"] / med["routed fused"],
                "loss_rel_err": loss_err, "grad_max_err": grad_err}
         rows.append(row)
-        print(f"{tokens} x {vocab} {str(dtype)[6:]}: cold {backends} warm {warm_backends} "
+        print(f"{tokens} x {vocab} {str(dtype)[6:]}: {backends} "
               f"loss err {loss_err:.1e} grad err {grad_err:.1e}", flush=True)
         for n in sorted(med, key=med.get):
             print(f"    {n:16s} {med[n]:9.1f} us  spread {100 * spread[n]:.0f}%  "

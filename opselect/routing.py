@@ -10,7 +10,8 @@
 Routed: torch.isin; torch.topk and Tensor.topk; torch.softmax, torch.nn.functional.softmax,
 Tensor.softmax, torch.special.softmax and the same forms of log_softmax; F.cross_entropy (and
 nn.CrossEntropyLoss) with class indices, as op log_softmax (its log_softmax through opselect,
-then torch's nll_loss, as torch composes it); and the copy of a permuted
+then torch's nll_loss, as torch composes it; rows of logits that fill the GPU take the fused loss
+of kernels/softmax/cross_entropy.py); and the copy of a permuted
 view: x.permute(...).contiguous(), x.transpose(a, b).contiguous(), and x.reshape(...) (or
 torch.reshape) of such a view where the reshape has to copy. Calls opselect does not take (a
 tensor subclass, an out= argument, a named dim, an implicit softmax dim, a view with gaps, a

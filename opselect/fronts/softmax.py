@@ -16,10 +16,12 @@ from .. import routing_state as _state
 from .. import transforms as _transforms
 from ..dispatch.tuning_mode import state as _tuning_state
 from ..errors import TorchOnlyCall
+from ..dispatch.device import device_info
 from ..heuristics import softmax as _cost
 from ..kernels import softmax as _softmax
 from ..kernels.softmax.call import plain_key as _softmax_key
 from ..kernels.softmax.call import prepare_keyed as _prepare_softmax
+from ..kernels.softmax.cross_entropy import fused_cross_entropy as _fused_cross_entropy
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
@@ -380,7 +382,9 @@ def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     a vocabulary), then torch's nll_loss, which is what torch's own cross_entropy composes for
     such a call. Anything else (probabilities as the target, label smoothing, the legacy
     size_average / reduce) is torch's, and so is a call whose log_softmax is (by its size: the
-    log_softmax handler's shortcut, checked first here; or by its route)."""
+    log_softmax handler's shortcut, checked first here; or by its route). Rows of logits the
+    fused loss takes (_fused_loss_takes) go to it instead: three passes over the matrix, not
+    six."""
     n = len(args)
     x = args[0] if n else kwargs.get("input")
     target = args[1] if n > 1 else kwargs.get("target")
@@ -401,10 +405,32 @@ def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     if (legacy != (None, None) or smoothing != 0.0 or type(ignore_index) is not int
             or type(reduction) is not str or _tracing(x)):
         return PASS  # (torch's own errors; traced: inductor fuses its own)
+    if weight is None and _fused_loss_takes(router, x, target, reduction):
+        _ran["log_softmax"]["fused_loss"] += 1
+        return _fused_cross_entropy(x, target, ignore_index, reduction)
     logp = _LOG_SOFTMAX_ROWS(router, (x, 1 if x.dim() > 1 else 0), {})
     if logp is PASS:
         return PASS
     return F.nll_loss(logp, target, weight, None, ignore_index, None, reduction)
+
+
+def _fused_loss_takes(router: _state.Router, x: torch.Tensor, target: torch.Tensor,
+                      reduction: str) -> bool:
+    """The fused loss (kernels/softmax/cross_entropy.py) takes rows of logits with unit column
+    stride and one int64 class index per row, where its one-program-a-row forward fills the GPU
+    (a row per SM at least; fewer, longer rows keep the split log_softmax kernels), unless a
+    log_softmax backend is forced. It moves the N x C matrix three times where log_softmax +
+    nll_loss move it six: the lower cost on every call it takes."""
+    if (x.dim() != 2 or target.dim() != 1 or target.shape[0] != x.shape[0]
+            or x.dtype not in _FUSED_LOSS_DTYPES or (x.stride(1) != 1 and x.shape[1] > 1)
+            or reduction not in _REDUCTIONS or router.backends.get("log_softmax") is not None):
+        return False
+    info = device_info(x.device)
+    return info.interpreted or (x.is_cuda and x.shape[0] >= info.sm_count)
+
+
+_FUSED_LOSS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_REDUCTIONS = ("mean", "sum", "none")
 
 
 ENTRY_POINTS = [

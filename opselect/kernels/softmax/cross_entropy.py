@@ -1,0 +1,199 @@
+"""The fused loss behind enable()'s route of F.cross_entropy (class indices over rows of logits).
+
+torch's cross_entropy composes log_softmax and nll_loss, and moves the N x C matrix six times:
+log_softmax writes logp, nll_loss's backward writes a zero matrix and scatters into it,
+log_softmax's backward reads that and logp and writes dx. Here the forward reads the logits once
+(each row's logsumexp and its target's logit) and the backward reads them once more and writes
+dx = g * (softmax(x) - onehot(target)) in the same pass: three passes, and no N x C tensor kept
+between forward and backward but the logits themselves (which the graph holds anyway)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .._common import allocator, cdiv, plan_launcher
+from .common import _cast_for
+
+#: Elements of a row a forward program reads per step (the next step's load in flight), and its
+#: warps; the backward's programs take one block of one row each.
+FORWARD_BLOCK, FORWARD_WARPS = 4096, 8
+BACKWARD_BLOCK, BACKWARD_WARPS = 4096, 8
+#: The interpreter's (CPU tests reach every step and the partial last block on short rows).
+INTERPRETED_BLOCK = 16
+
+
+@triton.jit
+def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, target_stride,
+                       ignore_index, block: tl.constexpr):
+    """Program r: row r's logsumexp (float32) and its loss, lse - x[target] (0 where the target
+    is ignore_index). One running maximum (a block's maximum, one reduction a step) and a sum
+    per lane, rescaled when the maximum grows: one exp an element. (A maximum per lane needed
+    two, exp(m - m_new) of every lane as well: bfloat16 rows of 128256 ran at the exp unit's
+    rate, 2x the forward's read.)"""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    cols = tl.arange(0, block)
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.zeros([block], tl.float32)
+    x = tl.load(x_row + cols, mask=cols < C, other=float("-inf")).to(tl.float32)
+    for start in range(0, C, block):
+        nxt = start + block + cols
+        x_next = tl.load(x_row + nxt, mask=nxt < C, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # exp(-inf - -inf) and exp(inf - inf) would be NaN: an unchanged maximum scales by 1,
+        # a -inf element adds 0. A NaN element makes its lane's sum NaN for good (as torch's
+        # log_softmax makes the row NaN), whether or not the block's maximum saw it.
+        scale = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
+        s = s * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new))
+        m = m_new
+        x = x_next
+    lse = m + tl.log(tl.sum(s, axis=0))  # (an all -inf row: -inf, and its loss NaN, as torch's)
+    t = tl.load(target_ptr + row * target_stride)
+    valid = t != ignore_index
+    # Targets out of range are refused before the launch (fused_cross_entropy); the mask only
+    # keeps this load inside the row whatever it is given.
+    x_t = tl.load(x_row + t, mask=valid & (t >= 0) & (t < C), other=0.0).to(tl.float32)
+    tl.store(lse_ptr + row, lse)
+    tl.store(loss_ptr + row, tl.where(valid, lse - x_t, 0.0))
+
+
+@triton.jit
+def _ce_backward_kernel(x_ptr, target_ptr, lse_ptr, g_ptr, dx_ptr, C, x_row_stride,
+                        dx_row_stride, target_stride, g_stride, ignore_index,
+                        block: tl.constexpr):
+    """Program (r, b): block b of row r's gradient, g_r * (exp(x - lse_r) - [col == target_r]);
+    g_r is the row's upstream gradient (g_stride 0: one for every row), 0 where the target is
+    ignore_index (torch's nll_loss gives such rows no gradient)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * block + tl.arange(0, block)
+    t = tl.load(target_ptr + row * target_stride)
+    g = tl.load(g_ptr + row * g_stride).to(tl.float32)
+    g = tl.where(t != ignore_index, g, 0.0)
+    lse = tl.load(lse_ptr + row)
+    inside = cols < C
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
+    dx = tl.exp(x - lse) * g - tl.where(cols == t, g, 0.0)
+    dx_ptr += row * dx_row_stride
+    tl.store(dx_ptr + cols, _cast_for(dx, dx_ptr), mask=inside)
+
+
+@dataclass(frozen=True, eq=False)  # (a launch's spec; memoised below, so hashed by identity)
+class CrossEntropyPlan:
+    dtype: torch.dtype  # of the logits
+    C: int  # classes (the row's length)
+    x_row_stride: int
+    target_stride: int
+    ignore_index: int
+    block: int
+    num_warps: int
+    dx_row_stride: int = 0  # (backward)
+    g_stride: int = 0  # (backward: 0 where one gradient serves every row)
+
+
+cross_entropy_plan = functools.lru_cache(maxsize=1024)(CrossEntropyPlan)
+_FORWARD = plan_launcher(_ce_forward_kernel)
+_BACKWARD = plan_launcher(_ce_backward_kernel)
+
+
+def _block(x: torch.Tensor, block: int) -> int:
+    return INTERPRETED_BLOCK if x.device.type == "cpu" else block
+
+
+def _check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> None:
+    """torch's nll_loss refuses a target outside [0, classes) that is not ignore_index (on a GPU
+    with a device-side assertion): the same, without waiting for the device."""
+    if target.numel():
+        ok = ((target >= 0) & (target < classes)) | (target == ignore_index)
+        if target.device.type == "cpu":
+            if not bool(ok.all()):
+                bad = target[~ok][0].item()
+                raise IndexError(f"cross_entropy: target {bad} is out of bounds for "
+                                 f"{classes} classes")
+        else:
+            torch._assert_async(ok.all())
+
+
+def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
+    """(lse, loss) of each row of x (N x C, unit column stride), float32."""
+    N, C = x.shape
+    _check_targets(target, C, ignore_index)
+    lse = allocator((N,), torch.float32, x.device)()
+    loss = allocator((N,), torch.float32, x.device)()
+    if N:
+        plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index,
+                                  _block(x, FORWARD_BLOCK), FORWARD_WARPS)
+        _FORWARD(plan, (N,), (x, target, lse, loss, C, x.stride(0), target.stride(0),
+                              ignore_index))
+    return lse, loss
+
+
+def backward_rows(x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                  ignore_index: int) -> torch.Tensor:
+    """dx (x's dtype, contiguous) from each row's upstream gradient g (N of them, or one)."""
+    N, C = x.shape
+    dx = allocator((N, C), x.dtype, x.device)()
+    if N and C:
+        g_stride = g.stride(0) if g.dim() else 0
+        block = _block(x, BACKWARD_BLOCK)
+        plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index, block,
+                                  BACKWARD_WARPS, C, g_stride)
+        _BACKWARD(plan, (N, cdiv(C, block)),
+                  (x, target, lse, g, dx, C, x.stride(0), C, target.stride(0), g_stride,
+                   ignore_index))
+    return dx
+
+
+def _reduce(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
+    """nll_loss's reductions of the per-row losses: 'mean' over the rows whose target counts
+    (NaN where none does, as torch's), with that count for the backward."""
+    if reduction == "none":
+        return rows, None
+    if reduction == "sum":
+        return rows.sum(), None
+    count = (target != ignore_index).sum().to(torch.float32)
+    return rows.sum() / count, count
+
+
+class FusedCrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(x, target, ignore_index=..., reduction=...) for x of N x C floats with unit
+    column stride, target N int64 class indices, no weight or label smoothing."""
+
+    @staticmethod
+    def forward(ctx, x, target, ignore_index: int, reduction: str):
+        lse, rows = forward_rows(x, target, ignore_index)
+        loss, count = _reduce(rows, target, ignore_index, reduction)
+        ctx.save_for_backward(x, target, lse, count)
+        ctx.ignore_index, ctx.reduction = ignore_index, reduction
+        return loss.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, target, lse, count = ctx.saved_tensors
+        g = g.to(torch.float32)
+        if ctx.reduction == "mean":
+            g = g / count
+        if torch.is_grad_enabled():
+            # A graph of the gradient is wanted (double backward): torch's differentiable ops.
+            return _backward_by_torch(x, target, g, ctx.ignore_index), None, None, None
+        return backward_rows(x, target, lse, g, ctx.ignore_index), None, None, None
+
+
+def _backward_by_torch(x, target, g, ignore_index: int) -> torch.Tensor:
+    valid = target != ignore_index
+    g_rows = g.expand(target.shape) * valid
+    p = torch.softmax(x.to(torch.float32), 1)
+    onehot = F.one_hot(torch.where(valid, target, 0), x.shape[1]).to(torch.float32)
+    return ((p - onehot) * g_rows[:, None]).to(x.dtype)
+
+
+def fused_cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                        reduction: str) -> torch.Tensor:
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    return FusedCrossEntropy.apply(x, target, ignore_index, reduction)
