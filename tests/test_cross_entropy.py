@@ -133,6 +133,15 @@ def test_strided_rows_and_targets(cpu_triton):
     assert x.stride() == (64, 1) and t.stride() == (2,)
     check(x, t)
     check(x, t, torch.randn(7), reduction="none")
+    # rows back to back from an element past a 16-byte boundary: read element by element
+    flat = logits(1, 1 + 5 * 37, seed=7).flatten()
+    x = flat[1:].view(5, 37)
+    assert x.data_ptr() % 16 and ce._vector(x) == 1
+    check(x, targets(5, 37))
+    # back to back from a boundary, off the grid after the first row: whole vectors
+    x = flat[:-1].view(5, 37)
+    assert ce._vector(x) == 4
+    check(x, targets(5, 37))
 
 
 def test_double_backward_through_torch_ops(cpu_triton):

@@ -56,6 +56,7 @@ from .autograd import (_ROWS_BWD, _SPLIT_BWD_APPLY, _SPLIT_BWD_SUM, _STRIDED_BWD
 from .call import (_WIDENING, CALIBRATION, SoftmaxCall, _torch_softmax, prepare_log_softmax,
                    prepare_softmax, replay, sample)
 from .common import _ROWS_FWD, _strided_plan
+from .cross_entropy import _BACKWARD as _CE_BWD, _FORWARD as _CE_FWD
 from .fused import FusedBackend
 from .multirow import MultirowBackend
 from .lagged import _LAGGED_BWD, _LAGGED_FWD
@@ -72,7 +73,8 @@ __all__ = ["OP", "SOFTMAX_OP", "LOG_SOFTMAX_OP", "LAUNCHERS", "SoftmaxCall", "pr
 LAUNCHERS = {launcher.fn.__name__: launcher for launcher in (
     _ROWS_FWD, _ONLINE_FWD, _SPLIT_STATS, _SPLIT_NORM, _COOP_FWD, _LAGGED_FWD, _STRIDED_FWD,
     _STRIDED_SPLIT,
-    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD, _STRIDED_SPLIT_BWD, _LAGGED_BWD)}
+    _ROWS_BWD, _SPLIT_BWD_SUM, _SPLIT_BWD_APPLY, _STRIDED_BWD, _STRIDED_SPLIT_BWD, _LAGGED_BWD,
+    _CE_FWD, _CE_BWD)}
 
 
 def _make_op(name: str, prepare) -> Op:

@@ -29,22 +29,48 @@ INTERPRETED_BLOCK = 16
 
 
 @triton.jit
+def _row_window(row, row_stride, C, vector: tl.constexpr):
+    """Row `row`'s first element a, one past its last, and the window [a0, hi) of whole 16-byte
+    vectors (`vector` elements) that holds it: rows off the 16-byte grid (GPT-2's 50257
+    columns) are read a vector at a time all the same, the elements outside the row masked
+    after the load. (a0 and hi are multiples of vector that the compiler can see, so a mask
+    `offset < hi` is constant over each vector.) vector 1: the row itself."""
+    a = row * row_stride
+    end = a + C
+    if vector > 1:
+        a0 = (a // vector) * vector
+        hi = ((end + vector - 1) // vector) * vector
+    else:
+        a0 = a
+        hi = end
+    return a, end, a0, hi
+
+
+@triton.jit
 def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, target_stride,
-                       ignore_index, block: tl.constexpr):
+                       ignore_index, block: tl.constexpr, vector: tl.constexpr):
     """Program r: row r's logsumexp (float32) and its loss, lse - x[target] (0 where the target
     is ignore_index). One running maximum (a block's maximum, one reduction a step) and a sum
     per lane, rescaled when the maximum grows: one exp an element. (A maximum per lane needed
     two, exp(m - m_new) of every lane as well: bfloat16 rows of 128256 ran at the exp unit's
     rate, 2x the forward's read.)"""
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    cols = tl.arange(0, block)
+    a, end, a0, hi = _row_window(row, x_row_stride, C, vector)
+    x_row = x_ptr + a
+    # Offsets from the window's start in int32 (the window is a row and two vectors at most):
+    # half the registers of int64 offsets an element.
+    window = x_ptr + a0
+    lead = (a - a0).to(tl.int32)
+    width = (hi - a0).to(tl.int32)
+    j = tl.arange(0, block)
     m = tl.full([], float("-inf"), tl.float32)
     s = tl.zeros([block], tl.float32)
-    x = tl.load(x_row + cols, mask=cols < C, other=float("-inf")).to(tl.float32)
-    for start in range(0, C, block):
-        nxt = start + block + cols
-        x_next = tl.load(x_row + nxt, mask=nxt < C, other=float("-inf")).to(tl.float32)
+    x = tl.load(window + j, mask=j < width, other=float("-inf")).to(tl.float32)
+    for start in range(0, width, block):
+        nxt = j + (start + block)
+        x_next = tl.load(window + nxt, mask=nxt < width, other=float("-inf")).to(tl.float32)
+        at = j + start
+        x = tl.where((at >= lead) & (at < lead + C), x, float("-inf"))  # (the window's others)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # exp(-inf - -inf) and exp(inf - inf) would be NaN: an unchanged maximum scales by 1,
         # a -inf element adds 0. A NaN element makes its lane's sum NaN for good (as torch's
@@ -66,21 +92,41 @@ def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, ta
 @triton.jit
 def _ce_backward_kernel(x_ptr, target_ptr, lse_ptr, g_ptr, dx_ptr, C, x_row_stride,
                         dx_row_stride, target_stride, g_stride, ignore_index,
-                        block: tl.constexpr):
+                        block: tl.constexpr, vector: tl.constexpr):
     """Program (r, b): block b of row r's gradient, g_r * (exp(x - lse_r) - [col == target_r]);
     g_r is the row's upstream gradient (g_stride 0: one for every row), 0 where the target is
-    ignore_index (torch's nll_loss gives such rows no gradient)."""
+    ignore_index (torch's nll_loss gives such rows no gradient).
+
+    vector > 1 (rows off the 16-byte grid, x and dx with the same row stride): blocks of the
+    row's window of whole vectors (_row_window); the row's whole vectors are stored a vector at
+    a time, its head and tail (fewer than `vector` elements each, in the first and last blocks)
+    element by element."""
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * block + tl.arange(0, block)
+    b = tl.program_id(1)
+    a, end, a0, hi = _row_window(row, x_row_stride, C, vector)
+    # int32 offsets from the window's start (see _ce_forward_kernel)
+    lead = (a - a0).to(tl.int32)
+    width = (hi - a0).to(tl.int32)
+    j = b * block + tl.arange(0, block)
     t = tl.load(target_ptr + row * target_stride)
     g = tl.load(g_ptr + row * g_stride).to(tl.float32)
     g = tl.where(t != ignore_index, g, 0.0)
     lse = tl.load(lse_ptr + row)
-    inside = cols < C
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
-    dx = tl.exp(x - lse) * g - tl.where(cols == t, g, 0.0)
-    dx_ptr += row * dx_row_stride
-    tl.store(dx_ptr + cols, _cast_for(dx, dx_ptr), mask=inside)
+    x = tl.load(x_ptr + a0 + j, mask=j < width, other=0.0).to(tl.float32)
+    dx = tl.exp(x - lse) * g - tl.where(j - lead == t, g, 0.0)
+    dx = _cast_for(dx, dx_ptr)
+    if vector > 1:
+        # dx's element of x's offset o is o itself (equal row strides): the row's whole
+        # vectors [lo, cut) a vector at a time, its head and tail element by element.
+        lo = ((lead + vector - 1) // vector) * vector
+        cut = ((lead + C) // vector) * vector
+        out = dx_ptr + a0
+        tl.store(out + j, dx, mask=(j >= lo) & (j < cut))
+        first = b * block
+        if (first < lo) | ((first < lead + C) & (first + block > cut)):  # (a block with either)
+            tl.store(out + j, dx, mask=(j >= lead) & (j < lead + C) & ((j < lo) | (j >= cut)))
+    else:
+        tl.store(dx_ptr + row * dx_row_stride + j, dx, mask=j < C)
 
 
 @dataclass(frozen=True, eq=False)  # (a launch's spec; memoised below, so hashed by identity)
@@ -92,6 +138,7 @@ class CrossEntropyPlan:
     ignore_index: int
     block: int
     num_warps: int
+    vector: int  # elements per 16-byte vector where rows are read in whole vectors (_row_window)
     dx_row_stride: int = 0  # (backward)
     g_stride: int = 0  # (backward: 0 where one gradient serves every row)
 
@@ -103,6 +150,18 @@ _BACKWARD = plan_launcher(_ce_backward_kernel)
 
 def _block(x: torch.Tensor, block: int) -> int:
     return INTERPRETED_BLOCK if x.device.type == "cpu" else block
+
+
+def _vector(x: torch.Tensor) -> int:
+    """Elements per 16-byte vector where the rows start off the 16-byte grid (x's row stride not
+    a multiple of it, x at a 16-byte boundary) and dx can share x's offsets (x's rows back to
+    back, as dx's are); else 1 (aligned rows, which Triton vectorises by itself, or strided
+    ones)."""
+    per_vector = 16 // x.element_size()
+    C = x.shape[1]
+    if x.stride(0) % per_vector == 0 or x.stride(0) != C or x.data_ptr() % 16 or C < 2 * per_vector:
+        return 1
+    return per_vector
 
 
 def _check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> None:
@@ -127,7 +186,7 @@ def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
     loss = allocator((N,), torch.float32, x.device)()
     if N:
         plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index,
-                                  _block(x, FORWARD_BLOCK), FORWARD_WARPS)
+                                  _block(x, FORWARD_BLOCK), FORWARD_WARPS, _vector(x))
         _FORWARD(plan, (N,), (x, target, lse, loss, C, x.stride(0), target.stride(0),
                               ignore_index))
     return lse, loss
@@ -140,10 +199,13 @@ def backward_rows(x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: t
     dx = allocator((N, C), x.dtype, x.device)()
     if N and C:
         g_stride = g.stride(0) if g.dim() else 0
-        block = _block(x, BACKWARD_BLOCK)
+        block, vector = _block(x, BACKWARD_BLOCK), _vector(x)
         plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index, block,
-                                  BACKWARD_WARPS, C, g_stride)
-        _BACKWARD(plan, (N, cdiv(C, block)),
+                                  BACKWARD_WARPS, vector, C, g_stride)
+        # (a row's window of whole vectors reaches up to a vector before and after it; the
+        # blocks past a row's window mask everything)
+        blocks = cdiv(C + 2 * (vector - 1), block)
+        _BACKWARD(plan, (N, blocks),
                   (x, target, lse, g, dx, C, x.stride(0), C, target.stride(0), g_stride,
                    ignore_index))
     return dx
