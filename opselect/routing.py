@@ -58,8 +58,10 @@ torch.addmm (what nn.Linear and Hugging Face's models call).
 
 torch._dynamo is imported by the first enable() (about a second once, if the program has not
 imported it yet): Dynamo builds its tables of torch's functions from torch's attribute names the
-first time it is imported, and must see the originals there, not the wrappers. TorchScript
-(torch.jit.script) of a function that calls a routed entry point fails while routing is on.
+first time it is imported, and must see the originals there, not the wrappers. Under
+torch.autocast a routed call follows torch's policy for its op (fronts/_base.py's
+autocast_float32; matmul and linear under autocast are torch's). TorchScript (torch.jit.script)
+of a function that calls a routed entry point fails while routing is on.
 """
 
 from __future__ import annotations

@@ -60,6 +60,26 @@ def _takes(x: Any) -> bool:
     return kind in _PLAIN or (kind is FunctionalTensor and _graph_call())
 
 
+#: Whether any device's autocast is on (one C call, ~0.1 us): the routes of ops whose result
+#: autocast changes (softmax, log_softmax, cross_entropy; matmul, linear) look further only then.
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def autocast_float32(x: torch.Tensor, dtype: Any) -> Any:
+    """softmax's and log_softmax's dtype under autocast, as torch's own op takes it: on CUDA (the
+    'fp32_set_opt_dtype' policy) a call without dtype= of a float16, bfloat16 or float32 input
+    runs as dtype=torch.float32; a call with dtype= as given. On another device type with
+    autocast on: PASS (torch's op, under that device's own lists). Off: dtype unchanged."""
+    kind = x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return dtype
+    if kind != "cuda":
+        return PASS
+    if dtype is None and x.is_floating_point() and x.dtype != torch.float64:
+        return torch.float32
+    return dtype
+
+
 def _tracing(x: Any) -> bool:
     """A traced call: Dynamo is tracing, or AOTAutograd is (x is one of its functional tensors;
     torch 2.11's torch.compiler.is_compiling() is False there, 2.13's True)."""

@@ -22,8 +22,8 @@ from ..errors import InvalidArgument, TorchOnlyCall
 from ..kernels.matmul import LINEAR_OP, MATMUL_OP, prepare_addmm, prepare_linear, prepare_matmul
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted)
-from ._base import (PASS, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active, _prepared,
-                    _route, _torch_answers, _tracing, in_regime)
+from ._base import (PASS, _TENSOR, _UNSEEN, _VF, _any_autocast, _counted, _functorch_active,
+                    _prepared, _route, _torch_answers, _tracing, in_regime)
 from ._matmul_rules import (arguments, bias_row, inductor_gemm, linear_batched, linear_vjp, logical,
                             matmul_batched, matmul_vjp, plain_eager, product_tangent, route_key,
                             taken, torch_route, traced, write_out)
@@ -389,6 +389,8 @@ def _recorded_routed(linear: bool, backend, a, b, bias) -> Any:
 def _matmul_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     """torch.matmul(input, other), Tensor.matmul(other) and Tensor.__matmul__ (a @ b); out=
     passes to torch."""
+    if _any_autocast():
+        return PASS  # (autocast casts a product's inputs first: torch's op, with its lists)
     given = arguments(args, kwargs, _MATMUL_ARGS, _MATMUL_KW)
     if given is None:
         return PASS
@@ -411,6 +413,8 @@ def _matmul_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
 
 def _linear_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     """F.linear(input, weight, bias=None): what nn.Linear calls."""
+    if _any_autocast():
+        return PASS  # (autocast casts a product's inputs first: torch's op, with its lists)
     given = arguments(args, kwargs, _LINEAR_ARGS, _LINEAR_KW)
     if given is None:
         return PASS
@@ -433,6 +437,8 @@ def _linear_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
 def _addmm_handler(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     """torch.addmm(input, mat1, mat2) with beta = alpha = 1 and input a bias row (what
     Hugging Face's Conv1D calls): linear's op. Other scales, a full input matrix, out=: torch."""
+    if _any_autocast():
+        return PASS  # (autocast casts a product's inputs first: torch's op, with its lists)
     given = arguments(args, kwargs, _ADDMM_ARGS, _ADDMM_KW)
     if given is None:
         return PASS

@@ -26,8 +26,9 @@ from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _plac
                        _unrouted, _wrap)
 from ..transforms import _bdim_first, batched
 from ..usage import _ran
-from ._base import (PASS, _FLOATS, _STRIDED, _TENSOR, _UNSEEN, _VF, _counted, _functorch_active,
-                    _prepared, _route, _takes, _torch_answers, _tracing, in_regime)
+from ._base import (PASS, _FLOATS, _STRIDED, _TENSOR, _UNSEEN, _VF, _any_autocast, _counted,
+                    _functorch_active, _prepared, _route, _takes, _torch_answers, _tracing,
+                    autocast_float32, in_regime)
 
 _TORCH_SOFTMAX, _TORCH_LOG_SOFTMAX = _VF.softmax, _VF.log_softmax
 
@@ -337,6 +338,11 @@ def _softmax_handler(log: bool, functional: bool) -> Callable[[_state.Router, tu
             x = args[0] if n else None
             dim = args[1] if n > 1 else None
             dtype = args[dtype_at] if n > dtype_at else None
+        if _any_autocast() and type(x) is _TENSOR:
+            # (autocast's dtype for softmax, as torch's op would take the call)
+            dtype = autocast_float32(x, dtype)
+            if dtype is PASS:
+                return PASS
         if type(x) is _TENSOR and type(dim) is int and x.layout is _STRIDED and \
                 not _compiling():
             forced = router.backends.get(name)
@@ -396,6 +402,11 @@ def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
         return PASS  # (and torch's single call costs less host time than two)
     if n > 8 or not kwargs.keys() <= _CROSS_ENTROPY_KW or target.dtype != torch.int64:
         return PASS
+    # Under CUDA autocast torch's cross_entropy casts the logits to float32 (its 'fp32' list):
+    # the fused loss reads them as they are and gives the float32 loss (and the gradient in
+    # their dtype, as the cast's backward would); the composed route, and autocast on another
+    # device type, leave the call to torch.
+    autocast = _any_autocast() and autocast_float32(x, None) is not None
     weight = args[2] if n > 2 else kwargs.get("weight")
     legacy = (args[3] if n > 3 else kwargs.get("size_average"),
               args[5] if n > 5 else kwargs.get("reduce"))
@@ -405,9 +416,13 @@ def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     if (legacy != (None, None) or smoothing != 0.0 or type(ignore_index) is not int
             or type(reduction) is not str or _tracing(x)):
         return PASS  # (torch's own errors; traced: inductor fuses its own)
-    if weight is None and _fused_loss_takes(router, x, target, reduction):
+    if weight is None and (x.is_cuda or not autocast) and \
+            _fused_loss_takes(router, x, target, reduction):
         _ran["log_softmax"]["fused_loss"] += 1
-        return _fused_cross_entropy(x, target, ignore_index, reduction)
+        return _fused_cross_entropy(x, target, ignore_index, reduction,
+                                    torch.float32 if autocast else None)
+    if autocast:
+        return PASS
     logp = _LOG_SOFTMAX_ROWS(router, (x, 1 if x.dim() > 1 else 0), {})
     if logp is PASS:
         return PASS

@@ -227,12 +227,12 @@ class FusedCrossEntropy(torch.autograd.Function):
     column stride, target N int64 class indices, no weight or label smoothing."""
 
     @staticmethod
-    def forward(ctx, x, target, ignore_index: int, reduction: str):
+    def forward(ctx, x, target, ignore_index: int, reduction: str, loss_dtype):
         lse, rows = forward_rows(x, target, ignore_index)
         loss, count = _reduce(rows, target, ignore_index, reduction)
         ctx.save_for_backward(x, target, lse, count)
         ctx.ignore_index, ctx.reduction = ignore_index, reduction
-        return loss.to(x.dtype)
+        return loss.to(loss_dtype if loss_dtype is not None else x.dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -242,8 +242,8 @@ class FusedCrossEntropy(torch.autograd.Function):
             g = g / count
         if torch.is_grad_enabled():
             # A graph of the gradient is wanted (double backward): torch's differentiable ops.
-            return _backward_by_torch(x, target, g, ctx.ignore_index), None, None, None
-        return backward_rows(x, target, lse, g, ctx.ignore_index), None, None, None
+            return _backward_by_torch(x, target, g, ctx.ignore_index), None, None, None, None
+        return backward_rows(x, target, lse, g, ctx.ignore_index), None, None, None, None
 
 
 def _backward_by_torch(x, target, g, ignore_index: int) -> torch.Tensor:
@@ -255,7 +255,9 @@ def _backward_by_torch(x, target, g, ignore_index: int) -> torch.Tensor:
 
 
 def fused_cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                        reduction: str) -> torch.Tensor:
+                        reduction: str, loss_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The loss in loss_dtype (default: x's, as torch's; float32 under autocast, which casts
+    the logits first) and, under autograd, the gradient in x's dtype."""
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    return FusedCrossEntropy.apply(x, target, ignore_index, reduction)
+    return FusedCrossEntropy.apply(x, target, ignore_index, reduction, loss_dtype)
