@@ -118,6 +118,7 @@ def test_corrupt_cache_file_warns_once_and_falls_back(isolated_cache, cpu_triton
     assert opselect.explain("isin", a, b, show=False).source == "cache"
 
 
+@pytest.mark.slow
 def test_invalid_record_is_ignored_and_remeasured(cpu_triton, fake_measure):
     a, b = tuned_cache()
     key = _record_key(a, b)

@@ -727,6 +727,7 @@ def _depth(value) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_depth_scan_agrees_with_the_parser():
     """The scan that bounds an import's nesting, on JSON whose strings hold brackets, quotes and
     backslashes (escaped every way json.dumps does), against the depth of the parsed value."""

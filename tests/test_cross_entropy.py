@@ -215,3 +215,24 @@ def test_gpu_fused_loss_over_a_vocabulary(cuda, dtype):
             g = (torch.randn(tokens, device=cuda, dtype=dtype) if reduction == "none"
                  else None)
             check(x, t, g, reduction=reduction)
+
+
+@pytest.mark.gpu
+def test_gpu_logits_on_another_device(cuda, monkeypatch):
+    """Logits on the second GPU while the first is current: both kernels launch with the logits'
+    device current (Triton launches on the current device's stream; with peer access the
+    other device's would even give the right numbers, unordered with the logits' stream), and
+    the loss and gradient are right."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    current = []
+    for name in ("_FORWARD", "_BACKWARD"):
+        launcher = getattr(ce, name)
+        monkeypatch.setattr(ce, name, lambda *a, launcher=launcher: (
+            current.append(torch.cuda.current_device()), launcher(*a)))
+    assert torch.cuda.current_device() == 0
+    x = (torch.randn(512, 32000) * 2).to("cuda:1")
+    t = torch.randint(0, 32000, (512,)).to("cuda:1")
+    got, grad = check(x, t)
+    assert got.device == grad.device == x.device
+    assert current == [1, 1] and torch.cuda.current_device() == 0

@@ -153,6 +153,7 @@ def test_cache_and_model_mixed(cpu_triton, isin_op, fake_times, monkeypatch):
     assert d.source == "cache+model" and d.candidate("bitmap").measured_s is None
 
 
+@pytest.mark.slow
 def test_failing_backend_is_reported_and_never_chosen(cpu_triton, isin_op, monkeypatch):
     hash_backend = isin_op.backend("hash")
 

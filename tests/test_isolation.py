@@ -155,6 +155,7 @@ def _give_to_another_user(path: Path) -> None:
                 os.chown(name, OTHER_UID, OTHER_UID)
 
 
+@pytest.mark.slow
 def test_a_package_planted_in_the_working_directory_never_runs(tmp_path, monkeypatch):
     """Another user plants opselect/, torch/, sitecustomize.py ... in a directory; a program that
     tunes is run from there (as root, where the test runs as root): nothing planted runs, and

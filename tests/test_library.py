@@ -369,6 +369,7 @@ def test_compiled_softmax_backward_is_opselects(cpu_triton):
     assert backward and backward[0].count("opselect.softmax_backward") == 2
 
 
+@pytest.mark.slow
 def test_compiled_topk_and_permute_gradients(cpu_triton):
     x = _t((6, 40)).requires_grad_()
 

@@ -215,6 +215,7 @@ def test_a_host_heavy_backend_wins_under_graphs_only(cpu_triton, monkeypatch):
     assert again.source == "cache" and (again.choice, again.graph_choice) == ("torch", "hash")
 
 
+@pytest.mark.slow
 def test_the_route_asks_for_the_regime_when_the_choices_differ(cpu_triton, monkeypatch):
     """Where eager and graph choices differ, the route runs the graph's choice while the current
     stream captures (here: the capture check answering yes), torch's op otherwise: the eager

@@ -478,6 +478,7 @@ def test_decompositions_inner_calls_are_not_routed(cpu_triton):
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                     reason="inductor on the CPU needs a C++ compiler")
+@pytest.mark.slow
 def test_compiled_inductor_cpu(cpu_triton):
     """Inductor (on the CPU) under enable(): one graph; the rule keeps softmax and permute as
     aten ops and places a forced topk backend; the same results as torch."""
@@ -662,3 +663,34 @@ def test_gpu_cross_entropy_over_a_vocabulary(cuda):
         torch.testing.assert_close(got_grad.double(), want_grad, rtol=rtol,
                                    atol=rtol * want_grad.abs().max().item())
         assert calls("log_softmax") == {"fused_loss": 1}, (tokens, vocab, calls("log_softmax"))
+
+
+@pytest.mark.gpu
+def test_gpu_every_op_on_another_device(cuda):
+    """Tensors on the second GPU while the first is current, at sizes the kernels take: each
+    routed op answers as torch does (Triton launches on the current device; the routes switch
+    to the tensors')."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    assert torch.cuda.current_device() == 0
+    dev = "cuda:1"
+    torch.manual_seed(0)
+    x = torch.randn(4096, 8192, device=dev)
+    logits = torch.randn(64, 128000, device=dev)
+    a = torch.randint(0, 1 << 20, (1 << 22,), device=dev)
+    b = torch.randint(0, 1 << 20, (1000,), device=dev)
+    m = torch.randn(32, 577, 16, 64, device=dev)
+    calls = [lambda: torch.softmax(x, -1), lambda: torch.topk(logits, 50).values,
+             lambda: torch.isin(a, b), lambda: m.permute(0, 2, 1, 3).contiguous()]
+    kernels = 0
+    for fn in calls:
+        want = fn()
+        opselect.reset_stats()
+        with opselect.enabled():
+            got = fn()
+        assert got.device == want.device
+        torch.testing.assert_close(got, want)
+        kernels += sum(n for op in opselect.stats().values()
+                       for backend, n in op["backends"].items() if backend != "torch")
+    assert torch.cuda.current_device() == 0
+    assert kernels >= 3  # (the cold choices of these calls are opselect's kernels)

@@ -653,6 +653,7 @@ def test_layout_analysis():
 @given(shape=st.lists(st.integers(0, 9), min_size=1, max_size=4),
        dim_seed=st.integers(0, 100), log=st.booleans(), transpose=st.booleans(),
        data=st.data())
+@pytest.mark.slow
 def test_property_any_shape(shape, dim_seed, log, transpose, data):
     from opselect.dispatch.device import INTERPRETED
 

@@ -93,6 +93,7 @@ def test_lagged_tags_move_on_and_wrap(cpu_triton):
         assert ((slots & 3) == (2 + i) % 4).all(), i
 
 
+@pytest.mark.slow
 def test_lagged_layouts_and_casts(cpu_triton):
     """Non-contiguous rows (read in place with their stride), a transposed input (made
     contiguous first), an offset start (off the 16-byte grid) and a widening dtype=."""

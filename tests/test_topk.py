@@ -899,6 +899,7 @@ def test_radix_prepared_modes(cpu_triton, rows, n, k, mode):
         same_result(prepared(x), torch.topk(x, k))
 
 
+@pytest.mark.slow
 def test_radix_prepared_one_launch(cpu_triton, monkeypatch):
     # The one-launch mode (its workspace zeroed per call), as test_radix_one_launch_kernel
     # runs it in the interpreter: one program per row.

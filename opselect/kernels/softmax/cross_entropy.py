@@ -178,6 +178,15 @@ def _check_targets(target: torch.Tensor, classes: int, ignore_index: int) -> Non
             torch._assert_async(ok.all())
 
 
+def _on_the_tensors_device(x: torch.Tensor, launch) -> None:
+    """launch() with x's GPU current: Triton launches on the current device, not the tensors'."""
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):
+            launch()
+    else:
+        launch()
+
+
 def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
     """(lse, loss) of each row of x (N x C, unit column stride), float32."""
     N, C = x.shape
@@ -187,8 +196,8 @@ def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
     if N:
         plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index,
                                   _block(x, FORWARD_BLOCK), FORWARD_WARPS, _vector(x))
-        _FORWARD(plan, (N,), (x, target, lse, loss, C, x.stride(0), target.stride(0),
-                              ignore_index))
+        _on_the_tensors_device(x, lambda: _FORWARD(
+            plan, (N,), (x, target, lse, loss, C, x.stride(0), target.stride(0), ignore_index)))
     return lse, loss
 
 
@@ -205,9 +214,9 @@ def backward_rows(x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: t
         # (a row's window of whole vectors reaches up to a vector before and after it; the
         # blocks past a row's window mask everything)
         blocks = cdiv(C + 2 * (vector - 1), block)
-        _BACKWARD(plan, (N, blocks),
-                  (x, target, lse, g, dx, C, x.stride(0), C, target.stride(0), g_stride,
-                   ignore_index))
+        _on_the_tensors_device(x, lambda: _BACKWARD(
+            plan, (N, blocks), (x, target, lse, g, dx, C, x.stride(0), C, target.stride(0),
+                                g_stride, ignore_index)))
     return dx
 
 
