@@ -236,3 +236,27 @@ def test_gpu_logits_on_another_device(cuda, monkeypatch):
     got, grad = check(x, t)
     assert got.device == grad.device == x.device
     assert current == [1, 1] and torch.cuda.current_device() == 0
+
+
+@pytest.mark.gpu
+def test_gpu_logits_past_2_to_the_31_elements(cuda):
+    """A batch whose logits pass 2**31 elements (17,000 tokens of Llama 3's 128,256): the rows
+    past that offset get their own losses and gradients (64-bit row offsets), checked against
+    torch on those rows alone."""
+    tokens, vocab = 17000, 128256
+    assert tokens * vocab > 2**31
+    x = torch.empty(tokens, vocab, device=cuda, dtype=torch.bfloat16).normal_(0, 2)
+    t = torch.randint(0, vocab, (tokens,), device=cuda)
+    g = torch.randn(tokens, device=cuda, dtype=torch.bfloat16)
+    xg = x.requires_grad_()
+    with opselect.enabled():
+        loss = F.cross_entropy(xg, t, reduction="none")
+    (grad,) = torch.autograd.grad(loss, xg, g)
+    tail = slice(tokens - 64, tokens)  # rows wholly past element 2**31
+    assert (tokens - 64) * vocab > 2**31
+    xd = x[tail].detach().double().requires_grad_()
+    want = F.cross_entropy(xd, t[tail], reduction="none")
+    (want_grad,) = torch.autograd.grad(want, xd, g[tail].double())
+    close(loss[tail], want, torch.bfloat16)
+    close(grad[tail], want_grad, torch.bfloat16)
+    del x, xg, grad
