@@ -51,8 +51,9 @@ def check(x, target, g=None, **kwargs):
     opselect.reset_stats()
     got, got_grad = loss_and_grad(x, target, g, routed=True, **kwargs)
     assert fused_calls() == 1, opselect.stats()
+    reference = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     want, want_grad = loss_and_grad(x.double(), target,
-                                    None if g is None else g.double(), **kwargs)
+                                    None if g is None else g.double(), **reference)
     assert got.dtype == x.dtype and got.shape == want.shape
     assert got_grad.dtype == x.dtype and got_grad.shape == x.shape
     close(got, want, x.dtype)
@@ -168,12 +169,17 @@ def test_a_target_out_of_range_is_refused(cpu_triton):
 
 
 def test_which_calls_take_it(cpu_triton):
-    """2-D logits with unit column stride, float16/bfloat16/float32, one int64 target a row, no
-    weight, no forced log_softmax backend; everything else keeps the composed route."""
+    """2-D logits with unit column stride, float16/bfloat16/float32, one int64 target a row,
+    class weights of their dtype or label smoothing (not both), no forced log_softmax backend;
+    everything else keeps the composed route or goes to torch."""
     x, t = logits(4, 12), targets(4, 12)
     taken = [lambda: F.cross_entropy(x, t), lambda: F.cross_entropy(x, t, reduction="sum"),
-             lambda: torch.nn.CrossEntropyLoss(ignore_index=3)(x, t)]
-    others = [lambda: F.cross_entropy(x, t, weight=torch.ones(12)),
+             lambda: torch.nn.CrossEntropyLoss(ignore_index=3)(x, t),
+             lambda: F.cross_entropy(x, t, weight=torch.ones(12)),
+             lambda: F.cross_entropy(x, t, label_smoothing=0.2)]
+    others = [lambda: F.cross_entropy(x, t, weight=torch.ones(12), label_smoothing=0.1),
+              lambda: F.cross_entropy(x, t, weight=torch.ones(12, dtype=torch.float64)),
+              lambda: F.cross_entropy(x, t, weight=torch.ones(12, requires_grad=True)),
               lambda: F.cross_entropy(x.double(), t),
               lambda: F.cross_entropy(x.t(), targets(12, 4)),  # column stride 12
               lambda: F.cross_entropy(x.reshape(2, 2, 12).transpose(1, 2), t.reshape(2, 2)),
@@ -186,12 +192,41 @@ def test_which_calls_take_it(cpu_triton):
     for fn in others:
         opselect.reset_stats()
         with opselect.enabled():
-            fn()
+            try:
+                fn()
+            except RuntimeError as error:  # (torch's own, about the weight)
+                assert "scalar type" in str(error) or "not differentiable" in str(error)
         assert fused_calls() == 0, opselect.stats()
     opselect.reset_stats()
     with opselect.enabled(backends={"log_softmax": "fused"}):
         F.cross_entropy(x, t)
     assert fused_calls() == 0 and opselect.stats()["log_softmax"]["backends"] == {"fused": 1}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_class_weights(cpu_triton, reduction):
+    """weight[target] scales each row's loss and gradient; 'mean' divides by the weights' sum
+    over the rows that count (ignored rows weigh nothing)."""
+    x = logits(9, 53, seed=8)
+    t = targets(9, 53, ignored=(2, 5))
+    w = torch.rand(53, generator=torch.Generator().manual_seed(9)) + 0.1
+    g = torch.randn(9) if reduction == "none" else None
+    check(x, t, g, weight=w, reduction=reduction)
+    check(x.to(torch.bfloat16), t, g, weight=w.to(torch.bfloat16), reduction=reduction)
+
+
+@pytest.mark.parametrize("smoothing", [0.1, 0.5, 1.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_label_smoothing(cpu_triton, smoothing, reduction):
+    """torch's label smoothing: (1 - e) of the target's -log p and e of the mean -log p over the
+    classes, the gradient softmax - ((1 - e) onehot + e / C); ignored rows count for nothing."""
+    x = logits(9, 53, seed=10)
+    t = targets(9, 53, ignored=(4,))
+    g = torch.randn(9) if reduction == "none" else None
+    check(x, t, g, label_smoothing=smoothing, reduction=reduction)
+    x[1, 7] = float("-inf")  # an impossible class: an infinite smoothing term, as torch's
+    got, _ = check(x, t, g, label_smoothing=smoothing, reduction=reduction)
+    assert not torch.isfinite(got).all()
 
 
 def test_empty_batch(cpu_triton):
@@ -215,6 +250,9 @@ def test_gpu_fused_loss_over_a_vocabulary(cuda, dtype):
             g = (torch.randn(tokens, device=cuda, dtype=dtype) if reduction == "none"
                  else None)
             check(x, t, g, reduction=reduction)
+        check(x, t, label_smoothing=0.1)
+        w = torch.rand(vocab, device=cuda).to(dtype) + 0.5
+        check(x, t, weight=w, reduction="sum")
 
 
 @pytest.mark.gpu

@@ -123,8 +123,11 @@ PASSED = [
      .reshape(2, 6, 3, 4)),
     ("contiguous of an expanded view", lambda: _x(3, 1).expand(3, 4).contiguous()),
     ("contiguous of an empty transposed view", lambda: _x(0, 5).t().contiguous()),
-    ("cross_entropy with label smoothing",
-     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), label_smoothing=0.1)),
+    ("cross_entropy with class weights and label smoothing",
+     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), _x(5, seed=3).abs(),
+                             label_smoothing=0.1)),
+    ("cross_entropy with label smoothing past 1",  # (torch's error)
+     lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5), label_smoothing=1.5)),
     ("cross_entropy of probabilities", lambda: F.cross_entropy(_x(4, 5), torch.full((4, 5), 0.2))),
     ("cross_entropy of int32 classes",
      lambda: F.cross_entropy(_x(4, 5), _ints(4, high=5).int())),

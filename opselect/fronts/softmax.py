@@ -383,14 +383,13 @@ _LOG_SOFTMAX_ROWS = _softmax_handler(True, False)  # torch.log_softmax(input, di
 def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     """F.cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
     reduce=None, reduction="mean", label_smoothing=0.0) (nn.CrossEntropyLoss; a language model's
-    loss over its vocabulary) with class indices and no label smoothing: log_softmax over the
-    class dim through opselect (its forward and, under autograd, its backward: the long rows of
-    a vocabulary), then torch's nll_loss, which is what torch's own cross_entropy composes for
-    such a call. Anything else (probabilities as the target, label smoothing, the legacy
-    size_average / reduce) is torch's, and so is a call whose log_softmax is (by its size: the
-    log_softmax handler's shortcut, checked first here; or by its route). Rows of logits the
-    fused loss takes (_fused_loss_takes) go to it instead: three passes over the matrix, not
-    six."""
+    loss over its vocabulary) with class indices. Rows of logits the fused loss takes
+    (_fused_loss_takes; class weights or label smoothing too) go to it: three passes over the
+    matrix, not six. Otherwise, without label smoothing: log_softmax over the class dim through
+    opselect (its forward and, under autograd, its backward), then torch's nll_loss, which is
+    what torch's own cross_entropy composes for such a call. Anything else (probabilities as the
+    target, the legacy size_average / reduce) is torch's, and so is a call whose log_softmax is
+    (by its size: the log_softmax handler's shortcut, checked first here; or by its route)."""
     n = len(args)
     x = args[0] if n else kwargs.get("input")
     target = args[1] if n > 1 else kwargs.get("target")
@@ -413,16 +412,24 @@ def _cross_entropy(router: _state.Router, args: tuple, kwargs: dict) -> Any:
     ignore_index = args[4] if n > 4 else kwargs.get("ignore_index", -100)
     reduction = args[6] if n > 6 else kwargs.get("reduction", "mean")
     smoothing = args[7] if n > 7 else kwargs.get("label_smoothing", 0.0)
-    if (legacy != (None, None) or smoothing != 0.0 or type(ignore_index) is not int
+    if (legacy != (None, None) or type(smoothing) not in (float, int)
+            or not 0.0 <= smoothing <= 1.0 or type(ignore_index) is not int
             or type(reduction) is not str or _tracing(x)):
         return PASS  # (torch's own errors; traced: inductor fuses its own)
-    if weight is None and (x.is_cuda or not autocast) and \
+    # Class weights of the logits' dtype and device, not learned, or label smoothing (not both:
+    # torch then weights the smoothing term by class too).
+    plain_weight = weight is None or (
+        type(weight) is _TENSOR and weight.dim() == 1 and weight.shape[0] == classes
+        and weight.dtype == x.dtype and weight.device == x.device
+        and not weight.requires_grad and smoothing == 0)
+    if plain_weight and (x.is_cuda or not autocast) and \
             _fused_loss_takes(router, x, target, reduction):
         _ran["log_softmax"]["fused_loss"] += 1
         return _fused_cross_entropy(x, target, ignore_index, reduction,
-                                    torch.float32 if autocast else None)
-    if autocast:
-        return PASS
+                                    torch.float32 if autocast else None, weight=weight,
+                                    smoothing=smoothing)
+    if autocast or smoothing != 0:
+        return PASS  # (the composed route has neither autocast's casts nor label smoothing)
     logp = _LOG_SOFTMAX_ROWS(router, (x, 1 if x.dim() > 1 else 0), {})
     if logp is PASS:
         return PASS

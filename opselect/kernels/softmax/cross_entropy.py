@@ -48,9 +48,11 @@ def _row_window(row, row_stride, C, vector: tl.constexpr):
 
 @triton.jit
 def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, target_stride,
-                       ignore_index, block: tl.constexpr, vector: tl.constexpr):
+                       ignore_index, smoothing, block: tl.constexpr, vector: tl.constexpr,
+                       smoothed: tl.constexpr):
     """Program r: row r's logsumexp (float32) and its loss, lse - x[target] (0 where the target
-    is ignore_index). One running maximum (a block's maximum, one reduction a step) and a sum
+    is ignore_index); smoothed: lse - (1 - smoothing) x[target] - smoothing mean(x), torch's
+    label smoothing ((1 - e) of the target's -log p, e of the mean -log p over the classes). One running maximum (a block's maximum, one reduction a step) and a sum
     per lane, rescaled when the maximum grows: one exp an element. (A maximum per lane needed
     two, exp(m - m_new) of every lane as well: bfloat16 rows of 128256 ran at the exp unit's
     rate, 2x the forward's read.)"""
@@ -65,12 +67,16 @@ def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, ta
     j = tl.arange(0, block)
     m = tl.full([], float("-inf"), tl.float32)
     s = tl.zeros([block], tl.float32)
+    total = tl.zeros([block], tl.float32)  # (smoothed: the row's sum)
     x = tl.load(window + j, mask=j < width, other=float("-inf")).to(tl.float32)
     for start in range(0, width, block):
         nxt = j + (start + block)
         x_next = tl.load(window + nxt, mask=nxt < width, other=float("-inf")).to(tl.float32)
         at = j + start
-        x = tl.where((at >= lead) & (at < lead + C), x, float("-inf"))  # (the window's others)
+        in_row = (at >= lead) & (at < lead + C)
+        x = tl.where(in_row, x, float("-inf"))  # (the window's others)
+        if smoothed:
+            total += tl.where(in_row, x, 0.0)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # exp(-inf - -inf) and exp(inf - inf) would be NaN: an unchanged maximum scales by 1,
         # a -inf element adds 0. A NaN element makes its lane's sum NaN for good (as torch's
@@ -85,15 +91,20 @@ def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, ta
     # Targets out of range are refused before the launch (fused_cross_entropy); the mask only
     # keeps this load inside the row whatever it is given.
     x_t = tl.load(x_row + t, mask=valid & (t >= 0) & (t < C), other=0.0).to(tl.float32)
+    if smoothed:
+        loss = lse - (1.0 - smoothing) * x_t - smoothing * (tl.sum(total, axis=0) / C)
+    else:
+        loss = lse - x_t
     tl.store(lse_ptr + row, lse)
-    tl.store(loss_ptr + row, tl.where(valid, lse - x_t, 0.0))
+    tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
 
 
 @triton.jit
 def _ce_backward_kernel(x_ptr, target_ptr, lse_ptr, g_ptr, dx_ptr, C, x_row_stride,
-                        dx_row_stride, target_stride, g_stride, ignore_index,
-                        block: tl.constexpr, vector: tl.constexpr):
-    """Program (r, b): block b of row r's gradient, g_r * (exp(x - lse_r) - [col == target_r]);
+                        dx_row_stride, target_stride, g_stride, ignore_index, smoothing,
+                        block: tl.constexpr, vector: tl.constexpr, smoothed: tl.constexpr):
+    """Program (r, b): block b of row r's gradient, g_r * (exp(x - lse_r) - [col == target_r])
+    (smoothed: g_r * (exp(x - lse_r) - (1 - smoothing) [col == target_r] - smoothing / C));
     g_r is the row's upstream gradient (g_stride 0: one for every row), 0 where the target is
     ignore_index (torch's nll_loss gives such rows no gradient).
 
@@ -113,7 +124,11 @@ def _ce_backward_kernel(x_ptr, target_ptr, lse_ptr, g_ptr, dx_ptr, C, x_row_stri
     g = tl.where(t != ignore_index, g, 0.0)
     lse = tl.load(lse_ptr + row)
     x = tl.load(x_ptr + a0 + j, mask=j < width, other=0.0).to(tl.float32)
-    dx = tl.exp(x - lse) * g - tl.where(j - lead == t, g, 0.0)
+    if smoothed:
+        dx = (tl.exp(x - lse) - smoothing / C) * g - tl.where(j - lead == t,
+                                                              (1.0 - smoothing) * g, 0.0)
+    else:
+        dx = tl.exp(x - lse) * g - tl.where(j - lead == t, g, 0.0)
     dx = _cast_for(dx, dx_ptr)
     if vector > 1:
         # dx's element of x's offset o is o itself (equal row strides): the row's whole
@@ -139,6 +154,7 @@ class CrossEntropyPlan:
     block: int
     num_warps: int
     vector: int  # elements per 16-byte vector where rows are read in whole vectors (_row_window)
+    smoothed: bool  # label smoothing (its amount is a runtime argument)
     dx_row_stride: int = 0  # (backward)
     g_stride: int = 0  # (backward: 0 where one gradient serves every row)
 
@@ -187,7 +203,8 @@ def _on_the_tensors_device(x: torch.Tensor, launch) -> None:
         launch()
 
 
-def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
+def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                 smoothing: float = 0.0):
     """(lse, loss) of each row of x (N x C, unit column stride), float32."""
     N, C = x.shape
     _check_targets(target, C, ignore_index)
@@ -195,14 +212,16 @@ def forward_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
     loss = allocator((N,), torch.float32, x.device)()
     if N:
         plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index,
-                                  _block(x, FORWARD_BLOCK), FORWARD_WARPS, _vector(x))
+                                  _block(x, FORWARD_BLOCK), FORWARD_WARPS, _vector(x),
+                                  smoothing != 0)
         _on_the_tensors_device(x, lambda: _FORWARD(
-            plan, (N,), (x, target, lse, loss, C, x.stride(0), target.stride(0), ignore_index)))
+            plan, (N,), (x, target, lse, loss, C, x.stride(0), target.stride(0), ignore_index,
+                         float(smoothing))))
     return lse, loss
 
 
 def backward_rows(x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-                  ignore_index: int) -> torch.Tensor:
+                  ignore_index: int, smoothing: float = 0.0) -> torch.Tensor:
     """dx (x's dtype, contiguous) from each row's upstream gradient g (N of them, or one)."""
     N, C = x.shape
     dx = allocator((N, C), x.dtype, x.device)()
@@ -210,63 +229,90 @@ def backward_rows(x: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, g: t
         g_stride = g.stride(0) if g.dim() else 0
         block, vector = _block(x, BACKWARD_BLOCK), _vector(x)
         plan = cross_entropy_plan(x.dtype, C, x.stride(0), target.stride(0), ignore_index, block,
-                                  BACKWARD_WARPS, vector, C, g_stride)
+                                  BACKWARD_WARPS, vector, smoothing != 0, C, g_stride)
         # (a row's window of whole vectors reaches up to a vector before and after it; the
         # blocks past a row's window mask everything)
         blocks = cdiv(C + 2 * (vector - 1), block)
         _on_the_tensors_device(x, lambda: _BACKWARD(
             plan, (N, blocks), (x, target, lse, g, dx, C, x.stride(0), C, target.stride(0),
-                                g_stride, ignore_index)))
+                                g_stride, ignore_index, float(smoothing))))
     return dx
 
 
-def _reduce(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str):
+def _row_weights(weight, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Each row's class weight (weight[target]; 0 where the target is ignored), float32."""
+    valid = target != ignore_index
+    return weight.to(torch.float32)[torch.where(valid, target, 0)] * valid
+
+
+def _reduce(rows: torch.Tensor, target: torch.Tensor, weights, ignore_index: int,
+            reduction: str):
     """nll_loss's reductions of the per-row losses: 'mean' over the rows whose target counts
-    (NaN where none does, as torch's), with that count for the backward."""
+    (their weights' sum with class weights; NaN where nothing counts, as torch's), with the
+    divisor for the backward."""
+    if weights is not None:
+        rows = rows * weights
     if reduction == "none":
         return rows, None
     if reduction == "sum":
         return rows.sum(), None
-    count = (target != ignore_index).sum().to(torch.float32)
+    if weights is not None:
+        count = weights.sum()
+    else:
+        count = (target != ignore_index).sum().to(torch.float32)
     return rows.sum() / count, count
 
 
 class FusedCrossEntropy(torch.autograd.Function):
-    """F.cross_entropy(x, target, ignore_index=..., reduction=...) for x of N x C floats with unit
-    column stride, target N int64 class indices, no weight or label smoothing."""
+    """F.cross_entropy(x, target, weight, ignore_index=..., reduction=..., label_smoothing=...)
+    for x of N x C floats with unit column stride, target N int64 class indices; class weights
+    (weight) and label smoothing not both."""
 
     @staticmethod
-    def forward(ctx, x, target, ignore_index: int, reduction: str, loss_dtype):
-        lse, rows = forward_rows(x, target, ignore_index)
-        loss, count = _reduce(rows, target, ignore_index, reduction)
-        ctx.save_for_backward(x, target, lse, count)
-        ctx.ignore_index, ctx.reduction = ignore_index, reduction
+    def forward(ctx, x, target, weight, ignore_index: int, reduction: str, smoothing: float,
+                loss_dtype):
+        lse, rows = forward_rows(x, target, ignore_index, smoothing)
+        weights = None if weight is None else _row_weights(weight, target, ignore_index)
+        loss, count = _reduce(rows, target, weights, ignore_index, reduction)
+        ctx.save_for_backward(x, target, lse, count, weights)
+        ctx.ignore_index, ctx.reduction, ctx.smoothing = ignore_index, reduction, smoothing
         return loss.to(loss_dtype if loss_dtype is not None else x.dtype)
 
     @staticmethod
     def backward(ctx, g):
-        x, target, lse, count = ctx.saved_tensors
+        x, target, lse, count, weights = ctx.saved_tensors
         g = g.to(torch.float32)
         if ctx.reduction == "mean":
             g = g / count
+        if weights is not None:
+            g = g * weights  # (one a row)
         if torch.is_grad_enabled():
             # A graph of the gradient is wanted (double backward): torch's differentiable ops.
-            return _backward_by_torch(x, target, g, ctx.ignore_index), None, None, None, None
-        return backward_rows(x, target, lse, g, ctx.ignore_index), None, None, None, None
+            dx = _backward_by_torch(x, target, g, ctx.ignore_index, ctx.smoothing)
+        else:
+            dx = backward_rows(x, target, lse, g, ctx.ignore_index, ctx.smoothing)
+        return dx, None, None, None, None, None, None
 
 
-def _backward_by_torch(x, target, g, ignore_index: int) -> torch.Tensor:
+def _backward_by_torch(x, target, g, ignore_index: int, smoothing: float) -> torch.Tensor:
     valid = target != ignore_index
     g_rows = g.expand(target.shape) * valid
     p = torch.softmax(x.to(torch.float32), 1)
     onehot = F.one_hot(torch.where(valid, target, 0), x.shape[1]).to(torch.float32)
+    if smoothing:
+        onehot = onehot * (1.0 - smoothing) + smoothing / x.shape[1]
     return ((p - onehot) * g_rows[:, None]).to(x.dtype)
 
 
 def fused_cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                        reduction: str, loss_dtype: torch.dtype | None = None) -> torch.Tensor:
+                        reduction: str, loss_dtype: torch.dtype | None = None, *,
+                        weight: torch.Tensor | None = None,
+                        smoothing: float = 0.0) -> torch.Tensor:
     """The loss in loss_dtype (default: x's, as torch's; float32 under autocast, which casts
     the logits first) and, under autograd, the gradient in x's dtype."""
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    return FusedCrossEntropy.apply(x, target, ignore_index, reduction, loss_dtype)
+    if weight is not None and smoothing:
+        raise ValueError("fused_cross_entropy: class weights with label smoothing are torch's")
+    return FusedCrossEntropy.apply(x, target, weight, ignore_index, reduction, float(smoothing),
+                                   loss_dtype)
