@@ -52,10 +52,11 @@ def _ce_forward_kernel(x_ptr, target_ptr, lse_ptr, loss_ptr, C, x_row_stride, ta
                        smoothed: tl.constexpr):
     """Program r: row r's logsumexp (float32) and its loss, lse - x[target] (0 where the target
     is ignore_index); smoothed: lse - (1 - smoothing) x[target] - smoothing mean(x), torch's
-    label smoothing ((1 - e) of the target's -log p, e of the mean -log p over the classes). One running maximum (a block's maximum, one reduction a step) and a sum
-    per lane, rescaled when the maximum grows: one exp an element. (A maximum per lane needed
-    two, exp(m - m_new) of every lane as well: bfloat16 rows of 128256 ran at the exp unit's
-    rate, 2x the forward's read.)"""
+    label smoothing ((1 - e) of the target's -log p, e of the mean -log p over the classes).
+    One running maximum (a block's maximum, one reduction a step) and a sum per lane, rescaled
+    when the maximum grows: one exp an element. (A maximum per lane needed two, exp(m - m_new)
+    of every lane as well: bfloat16 rows of 128256 ran at the exp unit's rate, 2x the forward's
+    read.)"""
     row = tl.program_id(0).to(tl.int64)
     a, end, a0, hi = _row_window(row, x_row_stride, C, vector)
     x_row = x_ptr + a
