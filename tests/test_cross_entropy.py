@@ -241,7 +241,7 @@ def test_empty_batch(cpu_triton):
 def test_gpu_fused_loss_over_a_vocabulary(cuda, dtype):
     """A language model's loss at a real size (float32 as Hugging Face upcasts, bfloat16), a
     seventh of the tokens ignored: the fused loss runs, and agrees with torch in float64."""
-    for tokens, vocab in ((2048, 50257), (512, 128256)):
+    for tokens, vocab in ((4096, 50257), (2048, 128256)):  # (past FUSED_LOSS_MIN_BYTES)
         torch.manual_seed(vocab)
         x = (torch.randn(tokens, vocab, device=cuda) * 2).to(dtype)
         t = torch.randint(0, vocab, (tokens,), device=cuda)
@@ -269,8 +269,8 @@ def test_gpu_logits_on_another_device(cuda, monkeypatch):
         monkeypatch.setattr(ce, name, lambda *a, launcher=launcher: (
             current.append(torch.cuda.current_device()), launcher(*a)))
     assert torch.cuda.current_device() == 0
-    x = (torch.randn(512, 32000) * 2).to("cuda:1")
-    t = torch.randint(0, 32000, (512,)).to("cuda:1")
+    x = (torch.randn(4096, 32000) * 2).to("cuda:1")
+    t = torch.randint(0, 32000, (4096,)).to("cuda:1")
     got, grad = check(x, t)
     assert got.device == grad.device == x.device
     assert current == [1, 1] and torch.cuda.current_device() == 0

@@ -646,7 +646,7 @@ def test_gpu_cross_entropy_over_a_vocabulary(cuda):
     them; bfloat16; targets with ignored tokens): the route runs the fused loss (rows enough to
     fill the GPU) forward and backward, and the loss and the gradient are torch's in float64.
     (torch's own bfloat16 gradient is further off: exp of a rounded log-probability.)"""
-    for tokens, vocab, dtype in ((1024, 32000, torch.float32), (2048, 50257, torch.bfloat16)):
+    for tokens, vocab, dtype in ((4096, 32000, torch.float32), (4096, 50257, torch.bfloat16)):
         torch.manual_seed(vocab)
         logits = (torch.randn(tokens, vocab, device=cuda) * 2).to(dtype)
         target = torch.randint(0, vocab, (tokens,), device=cuda)

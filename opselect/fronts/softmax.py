@@ -440,7 +440,8 @@ def _fused_loss_takes(router: _state.Router, x: torch.Tensor, target: torch.Tens
                       reduction: str) -> bool:
     """The fused loss (kernels/softmax/cross_entropy.py) takes rows of logits with unit column
     stride and one int64 class index per row, where its one-program-a-row forward fills the GPU
-    (a row per SM at least; fewer, longer rows keep the split log_softmax kernels), unless a
+    (a row per SM at least; fewer, longer rows keep the split log_softmax kernels) and the
+    logits are large enough to repay its host time (FUSED_LOSS_MIN_BYTES), unless a
     log_softmax backend is forced. It moves the N x C matrix three times where log_softmax +
     nll_loss move it six: the lower cost on every call it takes."""
     if (x.dim() != 2 or target.dim() != 1 or target.shape[0] != x.shape[0]
@@ -448,10 +449,18 @@ def _fused_loss_takes(router: _state.Router, x: torch.Tensor, target: torch.Tens
             or reduction not in _REDUCTIONS or router.backends.get("log_softmax") is not None):
         return False
     info = device_info(x.device)
-    return info.interpreted or (x.is_cuda and x.shape[0] >= info.sm_count)
+    return info.interpreted or (x.is_cuda and x.shape[0] >= info.sm_count
+                                and x.numel() * x.element_size() >= FUSED_LOSS_MIN_BYTES)
 
 
 _FUSED_LOSS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Logits smaller than this keep the composed route. The fused loss's call costs about 0.4 ms of
+#: host time on the H200's host (its target check's seven small ops, 73 us; the autograd
+#: Function), which loss + gradient of fewer bytes do not repay: 1024 x 50257 fp32 (196 MB)
+#: took 551 us fused against 369 composed, 2048 x 32000 fp32 (250 MB) 596 against 419; from
+#: 393 MB on it won (2048 x 50257 fp32 434 against 693; 4096 x 50257 bf16 721 against 781).
+#: benchmarks/results/h200/fits/softmax.md, "The fused loss".
+FUSED_LOSS_MIN_BYTES = 384 << 20
 _REDUCTIONS = ("mean", "sum", "none")
 
 
