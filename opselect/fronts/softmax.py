@@ -21,6 +21,7 @@ from ..heuristics import softmax as _cost
 from ..kernels import softmax as _softmax
 from ..kernels.softmax.call import plain_key as _softmax_key
 from ..kernels.softmax.call import prepare_keyed as _prepare_softmax
+from ..kernels.softmax.cross_entropy import REDUCTIONS as _LOSS_REDUCTIONS
 from ..kernels.softmax.cross_entropy import fused_cross_entropy as _fused_cross_entropy
 from ..library import (LIB, _BelowAutograd, _apply, _differentiated, _ops, _placed, _run,
                        _unrouted, _wrap)
@@ -446,7 +447,7 @@ def _fused_loss_takes(router: _state.Router, x: torch.Tensor, target: torch.Tens
     nll_loss move it six: the lower cost on every call it takes."""
     if (x.dim() != 2 or target.dim() != 1 or target.shape[0] != x.shape[0]
             or x.dtype not in _FUSED_LOSS_DTYPES or (x.stride(1) != 1 and x.shape[1] > 1)
-            or reduction not in _REDUCTIONS or router.backends.get("log_softmax") is not None):
+            or reduction not in _LOSS_REDUCTIONS or router.backends.get("log_softmax") is not None):
         return False
     info = device_info(x.device)
     return info.interpreted or (x.is_cuda and x.shape[0] >= info.sm_count
@@ -461,7 +462,6 @@ _FUSED_LOSS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: 393 MB on it won (2048 x 50257 fp32 434 against 693; 4096 x 50257 bf16 721 against 781).
 #: benchmarks/results/h200/fits/softmax.md, "The fused loss".
 FUSED_LOSS_MIN_BYTES = 384 << 20
-_REDUCTIONS = ("mean", "sum", "none")
 
 
 ENTRY_POINTS = [

@@ -26,6 +26,8 @@ FORWARD_BLOCK, FORWARD_WARPS = 4096, 8
 BACKWARD_BLOCK, BACKWARD_WARPS = 4096, 8
 #: The interpreter's (CPU tests reach every step and the partial last block on short rows).
 INTERPRETED_BLOCK = 16
+#: nll_loss's reductions, the ones the fused loss gives.
+REDUCTIONS = ("mean", "sum", "none")
 
 
 @triton.jit
@@ -311,7 +313,7 @@ def fused_cross_entropy(x: torch.Tensor, target: torch.Tensor, ignore_index: int
                         smoothing: float = 0.0) -> torch.Tensor:
     """The loss in loss_dtype (default: x's, as torch's; float32 under autocast, which casts
     the logits first) and, under autograd, the gradient in x's dtype."""
-    if reduction not in ("none", "mean", "sum"):
+    if reduction not in REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if weight is not None and smoothing:
         raise ValueError("fused_cross_entropy: class weights with label smoothing are torch's")
